@@ -1,0 +1,98 @@
+// Package natstest runs real, in-process NATS servers for tests: JetStream
+// on, a random loopback port, a temporary store directory, and shutdown
+// registered with t.Cleanup. It never mocks NATS.
+package natstest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Option adjusts the server options before the server starts.
+type Option func(*server.Options)
+
+// WithoutJetStream turns JetStream off.
+func WithoutJetStream() Option { return func(o *server.Options) { o.JetStream = false } }
+
+// WithMaxPayload sets the server's max_payload in bytes.
+func WithMaxPayload(n int32) Option { return func(o *server.Options) { o.MaxPayload = n } }
+
+// RunServer starts an in-process nats-server on 127.0.0.1 with a random port
+// and JetStream in t.TempDir(), waits until it accepts connections, and shuts
+// it down when the test ends.
+func RunServer(t testing.TB, opts ...Option) *server.Server {
+	t.Helper()
+	o := &server.Options{
+		Host:      "127.0.0.1",
+		Port:      -1,
+		NoLog:     true,
+		NoSigs:    true,
+		JetStream: true,
+		StoreDir:  t.TempDir(),
+	}
+	for _, opt := range opts {
+		opt(o)
+	}
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatalf("natstest: new server: %v", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		t.Fatalf("natstest: server not ready in 10s")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+// Connect opens a nats.go connection to s, closed when the test ends. An
+// asynchronous error handler fails the test: a protocol error (for instance
+// an invalid subject) must never pass unnoticed.
+func Connect(t testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	return ConnectURL(t, s.ClientURL(), opts...)
+}
+
+// ConnectURL is [Connect] for a URL.
+func ConnectURL(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	all := append([]nats.Option{
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subj := ""
+			if sub != nil {
+				subj = sub.Subject
+			}
+			t.Errorf("natstest: async error on subscription %q: %v", subj, err)
+		}),
+	}, opts...)
+	nc, err := nats.Connect(url, all...)
+	if err != nil {
+		t.Fatalf("natstest: connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Eventually polls cond every few milliseconds until it is true or timeout
+// passes, then fails the test with msg. It is the tests' only way to wait.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	wait := time.Millisecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("natstest: condition not met in %v: "+msg, append([]any{timeout}, args...)...)
+		}
+		time.Sleep(wait)
+		if wait < 20*time.Millisecond {
+			wait *= 2
+		}
+	}
+}

@@ -1,0 +1,140 @@
+package verdict
+
+import "fmt"
+
+// Reason says which fact a mesh failure reports. Each reason fixes its
+// [ErrorType] and its place on the ladder (see the package documentation).
+// Reasons travel on the wire as their String form in the [HeaderReason]
+// header.
+type Reason uint8
+
+// Reasons. The zero value is ReasonUnknown.
+const (
+	ReasonUnknown Reason = iota
+	// Sender-side facts: nothing reached a callee.
+	ReasonNoPlacement   // no live node hosts the address's kind
+	ReasonDeparted      // the owner generation departed or was superseded
+	ReasonDirectoryDown // the directory/KV is temporarily unreachable
+	ReasonClosing       // this mesh client is closing or draining
+	// Hub refusals, answered by the intake before acceptance.
+	ReasonHubShuttingDown  // the node or activation is draining
+	ReasonNotOwner         // another live generation owns the address
+	ReasonActivationFailed // the hub's factory or build failed
+	ReasonStormBreaker     // the (sender, target, type, stream) rate limit tripped
+	ReasonInboxFull        // the activation's bounded inbox is full
+	ReasonBadRequest       // the delivery is malformed
+	ReasonHandlerError     // the handler reported an error
+	ReasonUnknownKind      // this node hosts no hub of the address's kind
+	ReasonInvalidAddress   // the address, stream or type is invalid
+	ReasonPayloadTooLarge  // the payload is over the server's max_payload
+	numReasons
+)
+
+var reasonNames = [numReasons]string{
+	ReasonUnknown:          "unknown",
+	ReasonNoPlacement:      "no-placement",
+	ReasonDeparted:         "departed",
+	ReasonDirectoryDown:    "directory-unavailable",
+	ReasonClosing:          "closing",
+	ReasonHubShuttingDown:  "shutting-down",
+	ReasonNotOwner:         "not-owner",
+	ReasonActivationFailed: "activation-failed",
+	ReasonStormBreaker:     "storm-breaker",
+	ReasonInboxFull:        "inbox-full",
+	ReasonBadRequest:       "bad-request",
+	ReasonHandlerError:     "handler-error",
+	ReasonUnknownKind:      "unknown-kind",
+	ReasonInvalidAddress:   "invalid-address",
+	ReasonPayloadTooLarge:  "payload-too-large",
+}
+
+// String returns the reason's wire name, e.g. "not-owner".
+func (r Reason) String() string {
+	if r < numReasons {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+// parseReason maps a wire name back to its Reason, or ReasonUnknown.
+func parseReason(s string) Reason {
+	for r, n := range reasonNames {
+		if n == s {
+			return Reason(r)
+		}
+	}
+	return ReasonUnknown
+}
+
+// rung is a reason's fixed place on the ladder (DESIGN §3).
+type rung struct {
+	typ        ErrorType
+	transient  bool
+	resendable bool
+}
+
+var ladder = [numReasons]rung{
+	ReasonUnknown:          {Failed, false, false},
+	ReasonNoPlacement:      {Unavailable, true, true},
+	ReasonDeparted:         {ShuttingDown, true, true},
+	ReasonDirectoryDown:    {ShuttingDown, true, true},
+	ReasonClosing:          {ShuttingDown, true, true},
+	ReasonHubShuttingDown:  {ShuttingDown, true, true},
+	ReasonNotOwner:         {ShuttingDown, true, true},
+	ReasonActivationFailed: {Unavailable, false, false},
+	ReasonStormBreaker:     {Ignored, false, false},
+	ReasonInboxFull:        {Ignored, false, false},
+	ReasonBadRequest:       {Failed, false, false},
+	ReasonHandlerError:     {Failed, false, false},
+	ReasonUnknownKind:      {Failed, false, false},
+	ReasonInvalidAddress:   {Failed, false, false},
+	ReasonPayloadTooLarge:  {Failed, false, false},
+}
+
+// Sentinels, one per [Reason]. Every *[Error] of the same reason matches its
+// sentinel with [errors.Is], including errors decoded from reply headers, so
+// callers test errors.Is(err, verdict.ErrNotOwner) whatever the detail text.
+var (
+	// ErrNoPlacement: no live node hosts the address's kind; nothing was sent.
+	// Unavailable, resendable (a node may join).
+	ErrNoPlacement = sentinel(ReasonNoPlacement, "no live node hosts this kind")
+	// ErrDeparted: the owner generation departed or was superseded; it can
+	// never answer again. ShuttingDown, resendable after a re-resolve.
+	ErrDeparted = sentinel(ReasonDeparted, "owner node departed")
+	// ErrDirectoryUnavailable: the directory could not be read; nothing was
+	// sent. ShuttingDown, resendable.
+	ErrDirectoryUnavailable = sentinel(ReasonDirectoryDown, "directory unavailable")
+	// ErrClosing: this mesh client is closing or draining. ShuttingDown; the
+	// delivery may be sent again, but not by this closing process.
+	ErrClosing = sentinel(ReasonClosing, "mesh client closing")
+	// ErrHubShuttingDown: the hub refused because it is draining.
+	// ShuttingDown, resendable.
+	ErrHubShuttingDown = sentinel(ReasonHubShuttingDown, "hub shutting down")
+	// ErrNotOwner: the node refused because another live generation owns the
+	// address. ShuttingDown, resendable after a re-resolve.
+	ErrNotOwner = sentinel(ReasonNotOwner, "not the owner")
+	// ErrActivationFailed: the hub's factory or build failed. Unavailable,
+	// not transient.
+	ErrActivationFailed = sentinel(ReasonActivationFailed, "activation failed")
+	// ErrStormBreaker: the storm breaker refused. Ignored; re-sending feeds
+	// the overload it reports.
+	ErrStormBreaker = sentinel(ReasonStormBreaker, "storm breaker open")
+	// ErrInboxFull: the activation's inbox is full. Ignored.
+	ErrInboxFull = sentinel(ReasonInboxFull, "inbox full")
+	// ErrBadRequest: the delivery was malformed. Failed.
+	ErrBadRequest = sentinel(ReasonBadRequest, "bad request")
+	// ErrHandler: the hub's handler returned an error. Failed.
+	ErrHandler = sentinel(ReasonHandlerError, "handler error")
+	// ErrUnknownKind: the node hosts no hub of this kind. Failed.
+	ErrUnknownKind = sentinel(ReasonUnknownKind, "unknown hub kind")
+	// ErrInvalidAddress: the address, stream or type is invalid; nothing was
+	// sent. Failed.
+	ErrInvalidAddress = sentinel(ReasonInvalidAddress, "invalid address")
+	// ErrPayloadTooLarge: the payload is over the server's max_payload;
+	// nothing was sent. Failed.
+	ErrPayloadTooLarge = sentinel(ReasonPayloadTooLarge, "payload too large")
+)
+
+func sentinel(r Reason, msg string) *Error {
+	return &Error{Reason: r, Message: msg}
+}
