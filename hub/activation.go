@@ -1,0 +1,225 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// errActivationGone: the activation was collected between lookup and enqueue;
+// the intake looks it up again.
+var errActivationGone = errors.New("hub: activation collected")
+
+type actState uint8
+
+const (
+	stateBuilding actState = iota // factory running; deliveries park
+	stateReady                    // hub built; turns run while work is queued
+	stateFailed                   // build failed; removed from the host
+	stateClosed                   // deactivated; removed from the host
+)
+
+// activation is the receiver of one address on this node. It holds no
+// goroutine while idle: a turn goroutine runs only while the inbox has work
+// and the hub is ready, and a build goroutine only while building.
+type activation struct {
+	host *Host
+	addr subjects.Address
+
+	mu         sync.Mutex
+	state      actState
+	hub        Hub
+	queue      []*entry // inbox: queue[head:] are waiting, in acceptance order
+	head       int
+	running    bool // a turn goroutine is draining the inbox
+	holds      int  // explicit holds pin the activation
+	lastActive time.Time
+	done       bool // deactivate ran
+}
+
+// enqueue puts e in the inbox, or refuses it (full inbox, activation gone).
+func (a *activation) enqueue(e *entry) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch a.state {
+	case stateFailed:
+		return verdict.New(verdict.ReasonActivationFailed, "activation of %s failed", a.addr)
+	case stateClosed:
+		return errActivationGone
+	}
+	if len(a.queue)-a.head >= a.host.cfg.InboxSize {
+		return verdict.New(verdict.ReasonInboxFull, "inbox of %s is full (%d deliveries)", a.addr, a.host.cfg.InboxSize)
+	}
+	if a.head > 0 && a.head == len(a.queue) {
+		clear(a.queue)
+		a.queue, a.head = a.queue[:0], 0
+	}
+	a.queue = append(a.queue, e)
+	a.lastActive = time.Now()
+	a.startTurnLocked()
+	return nil
+}
+
+// startTurnLocked starts a turn goroutine if the hub is ready, work is
+// queued and none runs. Called with a.mu held.
+func (a *activation) startTurnLocked() {
+	if a.state != stateReady || a.running || a.head == len(a.queue) {
+		return
+	}
+	a.running = true
+	a.host.wg.Add(1)
+	go a.turns()
+}
+
+// turns handles queued deliveries one at a time until the inbox is empty.
+func (a *activation) turns() {
+	defer a.host.wg.Done()
+	for {
+		a.mu.Lock()
+		if a.state != stateReady || a.head == len(a.queue) {
+			a.running = false
+			a.lastActive = time.Now()
+			if a.head == len(a.queue) && cap(a.queue) > 64 {
+				a.queue, a.head = nil, 0 // give a burst's memory back
+			}
+			a.mu.Unlock()
+			return
+		}
+		e := a.queue[a.head]
+		a.queue[a.head] = nil
+		a.head++
+		hub := a.hub
+		a.mu.Unlock()
+		if !e.taken.CompareAndSwap(false, true) {
+			continue // already failed (closing)
+		}
+		a.handle(hub, e)
+	}
+}
+
+// handle runs one turn. A panicking handler fails the delivery, not the node.
+func (a *activation) handle(hub Hub, e *entry) {
+	h := a.host
+	d := &e.Delivery
+	err := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("handler panic: %v", r)
+				h.log.Error("hub handler panicked", "address", string(a.addr), "id", d.ID, "panic", r)
+			}
+		}()
+		return hub.Handle(h.ctx, d)
+	}()
+	h.handled.Add(1)
+	if d.expectResponse && d.responded.CompareAndSwap(false, true) {
+		var rerr error
+		if err != nil {
+			rerr = &verdict.Error{Reason: verdict.ReasonHandlerError, Message: err.Error()}
+		}
+		if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil); serr != nil {
+			h.log.Warn("response not sent", "id", d.ID, "err", serr)
+		}
+		return
+	}
+	if err != nil {
+		h.log.Warn("hub handler failed", "address", string(a.addr), "id", d.ID, "type", d.Type, "err", err)
+	}
+}
+
+// build runs the factory; deliveries accepted meanwhile stay parked.
+func (a *activation) build(f Factory) {
+	h := a.host
+	defer h.wg.Done()
+	hub, err := func() (hub Hub, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("factory panic: %v", r)
+			}
+		}()
+		return f(h.ctx, a.addr)
+	}()
+	if err == nil && hub == nil {
+		err = fmt.Errorf("factory returned a nil hub")
+	}
+	a.mu.Lock()
+	if a.state != stateBuilding { // closed while building
+		a.hub = hub // Close deactivates it after waiting for this build
+		a.mu.Unlock()
+		return
+	}
+	if err != nil {
+		a.state = stateFailed
+		parked := a.takeQueueLocked()
+		a.mu.Unlock()
+		h.mu.Lock()
+		if h.activations[a.addr] == a {
+			delete(h.activations, a.addr)
+		}
+		h.mu.Unlock()
+		h.log.Warn("hub build failed", "address", string(a.addr), "parked", len(parked), "err", err)
+		ferr := &verdict.Error{Reason: verdict.ReasonActivationFailed, Message: fmt.Sprintf("build of %s failed: %v", a.addr, err), Node: h.nodeID}
+		for _, e := range parked {
+			h.fail(e, ferr)
+		}
+		a.deactivate()
+		return
+	}
+	a.hub = hub
+	a.state = stateReady
+	a.lastActive = time.Now()
+	a.startTurnLocked()
+	a.mu.Unlock()
+}
+
+// takeQueueLocked empties the inbox and returns what was waiting.
+func (a *activation) takeQueueLocked() []*entry {
+	out := append([]*entry(nil), a.queue[a.head:]...)
+	a.queue, a.head = nil, 0
+	return out
+}
+
+// close marks the activation closed and fails everything still queued.
+func (a *activation) close(err error) {
+	a.mu.Lock()
+	if a.state != stateFailed {
+		a.state = stateClosed
+	}
+	parked := a.takeQueueLocked()
+	a.mu.Unlock()
+	for _, e := range parked {
+		a.host.fail(e, err)
+	}
+}
+
+// idleSince reports whether the activation is ready, unpinned, has no work
+// and was last active before t. Called with a.mu held.
+func (a *activation) idleSince(t time.Time) bool {
+	return a.state == stateReady && !a.running && a.holds == 0 && a.head == len(a.queue) && a.lastActive.Before(t)
+}
+
+// deactivate runs the hub's Deactivate and releases the claim, once.
+func (a *activation) deactivate() {
+	a.mu.Lock()
+	if a.done {
+		a.mu.Unlock()
+		return
+	}
+	a.done = true
+	hub := a.hub
+	a.mu.Unlock()
+	h := a.host
+	h.deactivated.Add(1)
+	if d, ok := hub.(Deactivator); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		d.Deactivate(ctx)
+		cancel()
+	}
+	if c := h.cfg.Claims; c != nil {
+		c.Release(a.addr)
+	}
+}

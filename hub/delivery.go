@@ -1,0 +1,83 @@
+package hub
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// Hub is the receiver for one address on one node. Handle is called for one
+// delivery at a time, in acceptance order (actor semantics), never
+// concurrently for the same activation. ctx is cancelled when the host
+// closes. An error returned for a request is sent to the requester as a
+// Failed verdict (verdict.ErrHandler); for a plain delivery it is logged.
+type Hub interface {
+	Handle(ctx context.Context, d *Delivery) error
+}
+
+// Deactivator is implemented by hubs that want to release resources when
+// their activation is idle-collected or the host closes. It runs once, after
+// the last Handle call returned.
+type Deactivator interface {
+	Deactivate(ctx context.Context)
+}
+
+// Factory builds the hub for addr. It runs on its own goroutine and may take
+// as long as it needs (deliveries arriving meanwhile are accepted and parked);
+// ctx is cancelled when the host closes. An error fails every parked delivery
+// once, late, with Unavailable (verdict.ErrActivationFailed).
+type Factory func(ctx context.Context, addr subjects.Address) (Hub, error)
+
+// HandlerFunc adapts a function to a Hub.
+type HandlerFunc func(ctx context.Context, d *Delivery) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, d *Delivery) error { return f(ctx, d) }
+
+// Delivery is one accepted delivery as a hub sees it. Its fields are
+// read-only; Payload is owned by the hub once Handle is called.
+type Delivery struct {
+	ID      string
+	From    subjects.Address // sending address, if the sender gave one
+	To      subjects.Address
+	Stream  subjects.Stream
+	Type    string
+	Payload []byte
+	Attempt int    // 1-based attempt that was accepted
+	Sender  string // sending node or client "name.gen", if given
+
+	answerTo       string
+	expectResponse bool
+	host           *Host
+	responded      atomic.Bool
+}
+
+// ExpectsResponse reports whether the sender awaits a response (a request).
+func (d *Delivery) ExpectsResponse() bool { return d.expectResponse }
+
+// Respond sends payload as the response to a request. It does not block on
+// the requester. It returns [ErrNoResponseExpected] for a plain delivery,
+// [ErrAlreadyResponded] on a second call, or the NATS publish error. If the
+// handler returns without responding, the host responds with an empty
+// payload (or the handler's error). Safe to call from any goroutine.
+func (d *Delivery) Respond(payload []byte) error {
+	if !d.expectResponse {
+		return ErrNoResponseExpected
+	}
+	if !d.responded.CompareAndSwap(false, true) {
+		return ErrAlreadyResponded
+	}
+	return d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, nil, payload)
+}
+
+// entry is a delivery in an inbox, with its settlement flags.
+type entry struct {
+	Delivery
+	// taken: the handler (true via the turn) or a failure owns the outcome.
+	taken atomic.Bool
+	// replied: the synchronous reply slot is used, by the intake's Accepted
+	// or by a failure that happened before it (then err is the reply).
+	replied atomic.Bool
+	err     error
+}

@@ -1,0 +1,22 @@
+// Package hub is the receiving side of the mesh (DESIGN §5): a [Host] holds a
+// node generation's one NATS subscription, <prefix>.dlv.<node>.<gen>.>, and
+// routes each delivery in memory to the activation of its address.
+//
+// The intake answers on acceptance: as soon as a delivery is in its
+// activation's bounded inbox the request is answered Accepted with the node's
+// identity — never after the handler and never after the hub's build. A hub
+// may take far longer to build than any request timeout; deliveries accepted
+// meanwhile are parked and handled in acceptance order once it is ready.
+//
+// Each delivery gets exactly one verdict. If something fails after
+// acceptance (the build failed: Unavailable; the activation was deactivated
+// before handling it: ShuttingDown), the failure is sent once to the sender's
+// answer subject as a late verdict. Whether the handler or a failure settles
+// an accepted delivery is decided by compare-and-swap, as is whether a failure
+// travels in the synchronous reply (it happened before the reply was sent) or
+// as a late answer.
+//
+// A hub handles one delivery at a time in acceptance order (turns). An idle
+// activation costs a few hundred bytes and no goroutine: a turn goroutine runs
+// only while the inbox holds work.
+package hub

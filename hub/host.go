@@ -1,0 +1,532 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultInboxSize   = 1024
+	DefaultIdleTimeout = 5 * time.Minute
+)
+
+// Claims is the seam for single activation across nodes (DESIGN §5): before a
+// node activates an address it claims it. The membership layer implements it
+// with the KV directory; a nil Claims means this node owns every address
+// (one node). Implementations must be safe for concurrent use.
+type Claims interface {
+	// Claim makes node the owner of addr, or returns the live owner that
+	// holds it (owner != node, err == nil). An error means the directory
+	// could not be read (the delivery is refused ShuttingDown).
+	Claim(ctx context.Context, addr subjects.Address) (owner subjects.NodeID, err error)
+	// Release gives up the claim on deactivation.
+	Release(addr subjects.Address)
+}
+
+// Config holds a Host's settings. Conn and Node are required; every zero
+// field means its documented default.
+type Config struct {
+	// Conn is the NATS connection the host subscribes and answers on.
+	Conn *nats.Conn
+	// Node is this node generation; its delivery subject is
+	// <prefix>.dlv.<name>.<gen>.>.
+	Node subjects.NodeID
+	// Prefix is the subject prefix; zero means subjects.DefaultPrefix.
+	Prefix subjects.Prefix
+	// InboxSize bounds each activation's inbox, in deliveries; a delivery
+	// arriving at a full inbox is refused Ignored (verdict.ErrInboxFull).
+	// Zero means DefaultInboxSize.
+	InboxSize int
+	// DedupeWindow is how many accepted delivery IDs the node remembers;
+	// zero means DefaultDedupeWindow.
+	DedupeWindow int
+	// IdleTimeout deactivates an activation with no work for this long.
+	// Zero means DefaultIdleTimeout; negative means never.
+	IdleTimeout time.Duration
+	// Claims claims addresses before activation; nil means this node owns
+	// every address.
+	Claims Claims
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.Conn == nil {
+		return fmt.Errorf("%w: Conn is nil", ErrInvalidConfig)
+	}
+	if err := c.Node.Validate(); err != nil {
+		return fmt.Errorf("%w: Node: %w", ErrInvalidConfig, err)
+	}
+	if c.Prefix == "" {
+		c.Prefix = subjects.DefaultPrefix
+	}
+	if err := c.Prefix.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.InboxSize < 0 || c.DedupeWindow < 0 {
+		return fmt.Errorf("%w: negative InboxSize or DedupeWindow", ErrInvalidConfig)
+	}
+	if c.InboxSize == 0 {
+		c.InboxSize = DefaultInboxSize
+	}
+	if c.DedupeWindow == 0 {
+		c.DedupeWindow = DefaultDedupeWindow
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Stats are a host's counters since start; every field is cumulative except
+// Activations and Queued, which are current.
+type Stats struct {
+	Node        subjects.NodeID
+	Activations int   // live activations
+	Queued      int   // deliveries accepted and not yet settled
+	Accepted    int64 // deliveries accepted (first time)
+	DedupeHits  int64 // deliveries answered Accepted again from the window
+	Refused     int64 // deliveries refused before acceptance
+	Handled     int64 // deliveries whose handler returned
+	Late        int64 // late verdicts sent after acceptance
+	Deactivated int64 // activations collected or closed
+}
+
+// Host receives deliveries for one node generation. It is safe for
+// concurrent use. Create it with [New], register hub kinds, then [Host.Start].
+type Host struct {
+	cfg    Config
+	nodeID string // cfg.Node.String(), the Mesh-Node header value
+	log    *slog.Logger
+	dedupe *dedupe
+
+	kindsMu sync.RWMutex
+	kinds   map[string]Factory
+
+	mu          sync.RWMutex
+	activations map[subjects.Address]*activation
+	draining    bool
+	sub         *nats.Subscription
+
+	ctx    context.Context // cancelled by Close: builds and handlers
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // builds, turns, janitor
+
+	accepted, dedupeHits, refused, handled, late, deactivated atomic.Int64
+}
+
+// New validates cfg and returns a Host that is not yet subscribed. Errors
+// match [ErrInvalidConfig].
+func New(cfg Config) (*Host, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Host{
+		cfg:         cfg,
+		nodeID:      cfg.Node.String(),
+		log:         cfg.Logger.With("node", cfg.Node.String()),
+		dedupe:      newDedupe(cfg.DedupeWindow),
+		kinds:       map[string]Factory{},
+		activations: map[subjects.Address]*activation{},
+		ctx:         ctx,
+		cancel:      cancel,
+	}, nil
+}
+
+// Node returns the host's node generation.
+func (h *Host) Node() subjects.NodeID { return h.cfg.Node }
+
+// Register installs the factory for addresses of kind. It returns
+// [ErrKindRegistered] if kind has one. Safe to call at any time.
+func (h *Host) Register(kind string, f Factory) error {
+	h.kindsMu.Lock()
+	defer h.kindsMu.Unlock()
+	if _, ok := h.kinds[kind]; ok {
+		return fmt.Errorf("%w: %q", ErrKindRegistered, kind)
+	}
+	h.kinds[kind] = f
+	return nil
+}
+
+// Kinds returns the registered hub kinds.
+func (h *Host) Kinds() []string {
+	h.kindsMu.RLock()
+	defer h.kindsMu.RUnlock()
+	out := make([]string, 0, len(h.kinds))
+	for k := range h.kinds {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Start subscribes to the node generation's delivery subject and starts the
+// idle collector. It returns the subscribe error, or [ErrHostClosed].
+func (h *Host) Start() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx.Err() != nil {
+		return ErrHostClosed
+	}
+	sub, err := h.cfg.Conn.Subscribe(h.cfg.Prefix.NodeSubscription(h.cfg.Node), h.intake)
+	if err != nil {
+		return fmt.Errorf("hub: subscribe: %w", err)
+	}
+	// Intake is cheap and never blocks; let bursts queue in the client
+	// rather than be dropped as a slow consumer.
+	_ = sub.SetPendingLimits(-1, -1)
+	h.sub = sub
+	if h.cfg.IdleTimeout > 0 {
+		h.wg.Add(1)
+		go h.janitor()
+	}
+	return nil
+}
+
+// intake handles one delivery message: it is the subscription callback, so
+// it never blocks on anything but short critical sections.
+func (h *Host) intake(m *nats.Msg) {
+	if m.Reply == "" {
+		h.log.Debug("delivery without reply subject dropped", "subject", m.Subject)
+		return
+	}
+	e, err := h.parse(m)
+	if err != nil {
+		h.refuse(m, err)
+		return
+	}
+	if h.dedupe.seen(e.ID) {
+		h.dedupeHits.Add(1)
+		h.reply(m, nil)
+		return
+	}
+	for {
+		h.mu.RLock()
+		draining := h.draining || h.ctx.Err() != nil
+		a := h.activations[e.To]
+		h.mu.RUnlock()
+		if draining {
+			h.refuse(m, verdict.New(verdict.ReasonHubShuttingDown, "node %s is draining", h.nodeID))
+			return
+		}
+		if a == nil {
+			var err error
+			if a, err = h.activate(e.To); err != nil {
+				h.refuse(m, err)
+				return
+			}
+		}
+		err := a.enqueue(e)
+		if err == errActivationGone {
+			continue // collected as idle just now: activate afresh
+		}
+		if err != nil {
+			h.refuse(m, err)
+			return
+		}
+		break
+	}
+	h.dedupe.add(e.ID)
+	h.accepted.Add(1)
+	if e.replied.CompareAndSwap(false, true) {
+		h.reply(m, nil)
+	} else {
+		// Failed after acceptance but before this reply: the failure is
+		// the one verdict, sent synchronously.
+		h.reply(m, e.err)
+	}
+}
+
+// parse reads a delivery message into an entry, or a Failed refusal.
+func (h *Host) parse(m *nats.Msg) (*entry, error) {
+	d, err := h.cfg.Prefix.ParseDelivery(m.Subject)
+	if err != nil {
+		return nil, verdict.New(verdict.ReasonInvalidAddress, "%v", err)
+	}
+	if d.Node != h.cfg.Node {
+		return nil, verdict.New(verdict.ReasonNotOwner, "delivery for %s reached %s", d.Node, h.nodeID)
+	}
+	e := &entry{}
+	e.To, e.Stream, e.host = d.Addr, d.Stream, h
+	hdr := m.Header
+	e.ID = hdr.Get(HeaderID)
+	if e.ID == "" || len(e.ID) > MaxIDLen {
+		return nil, verdict.New(verdict.ReasonBadRequest, "header %s must be 1-%d bytes", HeaderID, MaxIDLen)
+	}
+	if f := hdr.Get(HeaderFrom); f != "" {
+		if err := subjects.Address(f).Validate(); err != nil {
+			return nil, verdict.New(verdict.ReasonBadRequest, "header %s: %v", HeaderFrom, err)
+		}
+		e.From = subjects.Address(f)
+	}
+	e.Type = hdr.Get(HeaderType)
+	if len(e.Type) > MaxTypeLen {
+		return nil, verdict.New(verdict.ReasonBadRequest, "header %s over %d bytes", HeaderType, MaxTypeLen)
+	}
+	e.Attempt = 1
+	if s := hdr.Get(HeaderAttempt); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return nil, verdict.New(verdict.ReasonBadRequest, "header %s: %q is not a positive integer", HeaderAttempt, s)
+		}
+		e.Attempt = n
+	}
+	e.Sender = hdr.Get(HeaderSender)
+	e.answerTo = hdr.Get(HeaderAnswerTo)
+	e.expectResponse = hdr.Get(HeaderExpectResponse) == "true"
+	if e.expectResponse && e.answerTo == "" {
+		return nil, verdict.New(verdict.ReasonBadRequest, "%s without %s", HeaderExpectResponse, HeaderAnswerTo)
+	}
+	e.Payload = m.Data
+	return e, nil
+}
+
+// activate returns the activation of addr, creating it (and starting its
+// build) if absent.
+func (h *Host) activate(addr subjects.Address) (*activation, error) {
+	h.kindsMu.RLock()
+	f, ok := h.kinds[addr.Kind()]
+	h.kindsMu.RUnlock()
+	if !ok {
+		return nil, verdict.New(verdict.ReasonUnknownKind, "node %s hosts no hub of kind %q", h.nodeID, addr.Kind())
+	}
+	if c := h.cfg.Claims; c != nil {
+		// Seam for the directory (DESIGN §5): claim before accepting.
+		owner, err := c.Claim(h.ctx, addr)
+		if err != nil {
+			return nil, &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "claim " + string(addr), Err: err}
+		}
+		if owner != h.cfg.Node {
+			return nil, &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "address " + string(addr) + " is owned by " + owner.String(), Node: owner.String()}
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.draining || h.ctx.Err() != nil {
+		return nil, verdict.New(verdict.ReasonHubShuttingDown, "node %s is draining", h.nodeID)
+	}
+	if a := h.activations[addr]; a != nil {
+		return a, nil
+	}
+	a := &activation{host: h, addr: addr, state: stateBuilding}
+	h.activations[addr] = a
+	h.wg.Add(1)
+	go a.build(f)
+	return a, nil
+}
+
+// Activate activates addr on this node explicitly (DESIGN §5, local
+// activation) and pins it until release is called: it is never
+// idle-collected meanwhile. It does not wait for the hub's build. Errors are
+// verdict errors (unknown kind, not the owner, shutting down). release is
+// safe to call more than once.
+func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release func(), err error) {
+	if err := addr.Validate(); err != nil {
+		return nil, &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: err.Error()}
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		a, err := h.activate(addr)
+		if err != nil {
+			return nil, err
+		}
+		a.mu.Lock()
+		if a.state == stateClosed || a.state == stateFailed {
+			a.mu.Unlock()
+			continue
+		}
+		a.holds++
+		a.mu.Unlock()
+		var once sync.Once
+		return func() {
+			once.Do(func() {
+				a.mu.Lock()
+				a.holds--
+				a.lastActive = time.Now()
+				a.mu.Unlock()
+			})
+		}, nil
+	}
+}
+
+// reply answers the delivery request with err's verdict (nil: Accepted).
+func (h *Host) reply(m *nats.Msg, err error) {
+	r := &nats.Msg{Subject: m.Reply, Header: nats.Header{}}
+	verdict.Encode(r.Header, err, h.nodeID)
+	if perr := h.cfg.Conn.PublishMsg(r); perr != nil {
+		h.log.Warn("reply failed", "subject", m.Subject, "err", perr)
+	}
+}
+
+func (h *Host) refuse(m *nats.Msg, err error) {
+	h.refused.Add(1)
+	h.reply(m, err)
+}
+
+// sendAnswer publishes a late verdict or a response to an answer subject.
+func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte) error {
+	if to == "" {
+		return nil
+	}
+	msg := &nats.Msg{Subject: to, Header: nats.Header{}, Data: payload}
+	msg.Header.Set(HeaderID, id)
+	msg.Header.Set(HeaderAnswer, kind)
+	verdict.Encode(msg.Header, err, h.nodeID)
+	return h.cfg.Conn.PublishMsg(msg)
+}
+
+// fail settles an accepted entry with a failure, unless the handler took it:
+// in the synchronous reply if the intake has not answered yet, else as one
+// late answer.
+func (h *Host) fail(e *entry, err error) {
+	if !e.taken.CompareAndSwap(false, true) {
+		return
+	}
+	e.err = err
+	if e.replied.CompareAndSwap(false, true) {
+		return // the intake will send err as the reply
+	}
+	h.late.Add(1)
+	if e.answerTo == "" {
+		h.log.Warn("delivery failed after acceptance; sender gave no answer subject", "id", e.ID, "address", string(e.To), "err", err)
+		return
+	}
+	if serr := h.sendAnswer(e.answerTo, e.ID, AnswerVerdict, err, nil); serr != nil {
+		h.log.Warn("late verdict not sent", "id", e.ID, "err", serr)
+	}
+}
+
+// Stats returns the host's counters.
+func (h *Host) Stats() Stats {
+	h.mu.RLock()
+	n := len(h.activations)
+	q := 0
+	for _, a := range h.activations {
+		a.mu.Lock()
+		q += len(a.queue) - a.head
+		a.mu.Unlock()
+	}
+	h.mu.RUnlock()
+	return Stats{
+		Node: h.cfg.Node, Activations: n, Queued: q,
+		Accepted: h.accepted.Load(), DedupeHits: h.dedupeHits.Load(), Refused: h.refused.Load(),
+		Handled: h.handled.Load(), Late: h.late.Load(), Deactivated: h.deactivated.Load(),
+	}
+}
+
+// janitor collects idle activations every quarter of the idle timeout.
+func (h *Host) janitor() {
+	defer h.wg.Done()
+	every := max(h.cfg.IdleTimeout/4, 5*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-t.C:
+			h.collectIdle(time.Now().Add(-h.cfg.IdleTimeout))
+		}
+	}
+}
+
+func (h *Host) collectIdle(before time.Time) {
+	var idle []*activation
+	h.mu.Lock()
+	for addr, a := range h.activations {
+		a.mu.Lock()
+		if a.idleSince(before) {
+			a.state = stateClosed
+			delete(h.activations, addr)
+			idle = append(idle, a)
+		}
+		a.mu.Unlock()
+	}
+	h.mu.Unlock()
+	for _, a := range idle {
+		a.deactivate()
+	}
+}
+
+// Drain stops accepting (new deliveries are refused ShuttingDown), waits
+// until every accepted delivery is handled or ctx ends, fails whatever is
+// still queued with a late ShuttingDown, deactivates every activation and
+// unsubscribes. It returns ctx's error if ctx ended first. Safe to call more
+// than once.
+func (h *Host) Drain(ctx context.Context) error {
+	h.mu.Lock()
+	h.draining = true
+	h.mu.Unlock()
+	var werr error
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for h.busy() {
+		select {
+		case <-ctx.Done():
+			werr = ctx.Err()
+		case <-tick.C:
+			continue
+		}
+		break
+	}
+	h.Close()
+	return werr
+}
+
+// busy reports whether any activation has queued or running work.
+func (h *Host) busy() bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for _, a := range h.activations {
+		a.mu.Lock()
+		b := a.running || a.head < len(a.queue)
+		a.mu.Unlock()
+		if b {
+			return true
+		}
+	}
+	return false
+}
+
+// Close unsubscribes, fails every queued delivery with a late ShuttingDown,
+// cancels builds and handlers, deactivates every activation and waits for
+// the host's goroutines. Safe to call more than once.
+func (h *Host) Close() {
+	h.mu.Lock()
+	h.draining = true
+	sub := h.sub
+	h.sub = nil
+	all := make([]*activation, 0, len(h.activations))
+	for addr, a := range h.activations {
+		all = append(all, a)
+		delete(h.activations, addr)
+	}
+	h.mu.Unlock()
+	if sub != nil {
+		_ = sub.Unsubscribe()
+	}
+	for _, a := range all {
+		a.close(verdict.New(verdict.ReasonHubShuttingDown, "activation %s on %s deactivated before handling", a.addr, h.nodeID))
+	}
+	h.cancel()
+	h.wg.Wait()
+	for _, a := range all {
+		a.deactivate()
+	}
+}

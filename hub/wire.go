@@ -1,0 +1,41 @@
+package hub
+
+// Request and answer headers of the delivery protocol (docs/protocol.md). The
+// verdict of a delivery travels in the headers of package verdict
+// (Mesh-Verdict, Mesh-Reason, Mesh-Message, Mesh-Node).
+const (
+	// HeaderID is the delivery ID: required, unique per delivery, kept
+	// across its retries (the intake dedupes on it). At most 128 bytes.
+	HeaderID = "Mesh-Id"
+	// HeaderFrom is the sending address (optional).
+	HeaderFrom = "Mesh-From"
+	// HeaderType is the delivery type (optional, at most 256 bytes).
+	HeaderType = "Mesh-Type"
+	// HeaderAttempt is the 1-based attempt number (optional, default 1).
+	HeaderAttempt = "Mesh-Attempt"
+	// HeaderSender is the sending node or client, "name.gen" (optional).
+	HeaderSender = "Mesh-Sender"
+	// HeaderAnswerTo is the subject that receives late answers and
+	// responses for this delivery (optional: without it the hub cannot
+	// send either).
+	HeaderAnswerTo = "Mesh-Answer-To"
+	// HeaderExpectResponse, set to "true", asks the handler's response to be
+	// sent to HeaderAnswerTo (a request, not a plain delivery).
+	HeaderExpectResponse = "Mesh-Expect-Response"
+	// HeaderAnswer marks a message sent to an answer subject: "verdict" (a
+	// late verdict that replaces the earlier Accepted) or "response" (the
+	// handler's response). It carries HeaderID and the verdict headers.
+	HeaderAnswer = "Mesh-Answer"
+)
+
+// Values of HeaderAnswer.
+const (
+	AnswerVerdict  = "verdict"
+	AnswerResponse = "response"
+)
+
+// Limits on header values.
+const (
+	MaxIDLen   = 128
+	MaxTypeLen = 256
+)

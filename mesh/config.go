@@ -1,0 +1,182 @@
+package mesh
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// Config holds a Client's required settings; optional ones are [Option]s.
+type Config struct {
+	// Conn is the NATS connection deliveries travel on. Required.
+	Conn *nats.Conn
+	// Resolver maps an address to its owner node. Required.
+	Resolver Resolver
+	// Identity names this sender: it stamps Mesh-Sender and names its
+	// answer subject <prefix>.ans.<name>.<gen>. Zero means a fresh
+	// identity "client-<random>" with the start time as generation.
+	Identity subjects.NodeID
+	// Prefix is the subject prefix; zero means subjects.DefaultPrefix.
+	Prefix subjects.Prefix
+}
+
+func (c *Config) validate() error {
+	if c.Conn == nil {
+		return fmt.Errorf("%w: Conn is nil", ErrInvalidConfig)
+	}
+	if c.Resolver == nil {
+		return fmt.Errorf("%w: Resolver is nil", ErrInvalidConfig)
+	}
+	if c.Identity.IsZero() {
+		c.Identity = subjects.NodeID{Name: "client-" + nuidShort(), Generation: uint64(time.Now().UnixNano())}
+	}
+	if err := c.Identity.Validate(); err != nil {
+		return fmt.Errorf("%w: Identity: %w", ErrInvalidConfig, err)
+	}
+	if c.Prefix == "" {
+		c.Prefix = subjects.DefaultPrefix
+	}
+	if err := c.Prefix.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// LateVerdict is a failure that reached a delivery after it was Accepted
+// (its hub's build failed: Unavailable; it was deactivated before handling:
+// ShuttingDown). It replaces the Accepted verdict; a delivery gets at most one.
+type LateVerdict struct {
+	ID  string
+	Err error // a *verdict.Error
+}
+
+// Option sets an optional Client setting.
+type Option func(*options) error
+
+type options struct {
+	maxInFlight         int
+	saturationThreshold int
+	legTimeout          time.Duration
+	requestTimeout      time.Duration
+	retry               RetryPolicy
+	clock               Clock
+	logger              *slog.Logger
+	onLate              func(LateVerdict)
+}
+
+// Defaults for the options.
+const (
+	// DefaultLegTimeout bounds one leg (one request for one attempt) when
+	// ctx has no earlier deadline. Hubs answer on acceptance, so a leg
+	// that takes this long means a starved or partitioned intake.
+	DefaultLegTimeout = 5 * time.Second
+	// DefaultRequestTimeout bounds Request (acceptance plus response) and
+	// Deliver when ctx has no deadline.
+	DefaultRequestTimeout = 30 * time.Second
+)
+
+func defaultOptions() options {
+	return options{
+		maxInFlight:         DefaultMaxInFlight,
+		saturationThreshold: DefaultSaturationThreshold,
+		legTimeout:          DefaultLegTimeout,
+		requestTimeout:      DefaultRequestTimeout,
+		retry:               DefaultRetryPolicy,
+		clock:               SystemClock{},
+		logger:              slog.Default(),
+	}
+}
+
+// WithMaxInFlight caps legs in flight across the client (default 256). A
+// slot is charged from the moment a leg is sent until its reply; callers
+// beyond the cap wait, bounded by their ctx.
+func WithMaxInFlight(n int) Option {
+	return func(o *options) error {
+		if n < 1 {
+			return fmt.Errorf("%w: max in flight %d < 1", ErrInvalidConfig, n)
+		}
+		o.maxInFlight = n
+		return nil
+	}
+}
+
+// WithSaturationThreshold sets the legs in flight that open a saturation
+// episode (default 64); 0 disables the report's log line.
+func WithSaturationThreshold(n int) Option {
+	return func(o *options) error {
+		if n < 0 {
+			return fmt.Errorf("%w: saturation threshold %d < 0", ErrInvalidConfig, n)
+		}
+		o.saturationThreshold = n
+		return nil
+	}
+}
+
+// WithLegTimeout bounds each leg (default 5 s).
+func WithLegTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: leg timeout %v", ErrInvalidConfig, d)
+		}
+		o.legTimeout = d
+		return nil
+	}
+}
+
+// WithRequestTimeout bounds a Deliver or Request whose ctx has no deadline
+// (default 30 s).
+func WithRequestTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: request timeout %v", ErrInvalidConfig, d)
+		}
+		o.requestTimeout = d
+		return nil
+	}
+}
+
+// WithRetry sets the re-send ladder; zero fields take their defaults.
+func WithRetry(p RetryPolicy) Option {
+	return func(o *options) error {
+		p, err := p.withDefaults()
+		o.retry = p
+		return err
+	}
+}
+
+// WithClock injects the clock of the retry ladder.
+func WithClock(c Clock) Option {
+	return func(o *options) error {
+		if c == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
+		}
+		o.clock = c
+		return nil
+	}
+}
+
+// WithLogger sets the structured logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+		}
+		o.logger = l
+		return nil
+	}
+}
+
+// WithLateVerdicts registers f to receive late verdicts of deliveries made
+// with Deliver (a Request gets its own as its error). f runs on the client's
+// answer-dispatch goroutine, one call at a time, never under a client lock; it
+// must not block for long.
+func WithLateVerdicts(f func(LateVerdict)) Option {
+	return func(o *options) error {
+		o.onLate = f
+		return nil
+	}
+}

@@ -1,0 +1,101 @@
+package mesh
+
+import (
+	"context"
+
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// LaneKey is the identity of a lane: the pair (address, stream), a struct
+// key and never a joined string (DESIGN §1).
+type LaneKey struct {
+	Addr   subjects.Address
+	Stream subjects.Stream
+}
+
+// laneKeyOf reads a delivery's lane identity. The storm breaker reads stream
+// identity through the same function.
+func laneKeyOf(d *Delivery) LaneKey { return LaneKey{Addr: d.To, Stream: d.Stream} }
+
+// lane is a sender-side FIFO: q[0] holds the lane (its leg may be in flight
+// or backing off); the rest wait in call order. A lane exists only while it
+// holds work.
+type lane struct {
+	q []*laneTicket
+}
+
+type laneTicket struct {
+	ready chan struct{} // closed when the ticket reaches the head; nil for a ticket created at the head
+}
+
+// enqueueLane joins lane key without blocking; call order on a lane is the
+// order of enqueueLane calls. The ticket must be awaited with waitLane and
+// given back with releaseLane (or abandoned by waitLane on error).
+func (c *Client) enqueueLane(key LaneKey) *laneTicket {
+	c.lanesMu.Lock()
+	defer c.lanesMu.Unlock()
+	l := c.lanes[key]
+	if l == nil {
+		l = &lane{}
+		c.lanes[key] = l
+	}
+	t := &laneTicket{}
+	if len(l.q) > 0 {
+		t.ready = make(chan struct{})
+	}
+	l.q = append(l.q, t)
+	return t
+}
+
+// waitLane blocks until t holds its lane, or ctx ends or the client closes;
+// on error the ticket has left the lane.
+func (c *Client) waitLane(ctx context.Context, key LaneKey, t *laneTicket) error {
+	if t.ready == nil {
+		return nil
+	}
+	var err error
+	select {
+	case <-t.ready:
+		return nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-c.stop:
+		err = verdict.ErrClosing
+	}
+	c.lanesMu.Lock()
+	select {
+	case <-t.ready: // granted meanwhile: pass it on
+		c.lanesMu.Unlock()
+		c.releaseLane(key, t)
+		return err
+	default:
+	}
+	l := c.lanes[key]
+	for i, w := range l.q {
+		if w == t {
+			l.q = append(l.q[:i], l.q[i+1:]...)
+			break
+		}
+	}
+	c.lanesMu.Unlock()
+	return err
+}
+
+// releaseLane gives the head ticket back and hands the lane to the next
+// waiter, or removes the lane when it is empty.
+func (c *Client) releaseLane(key LaneKey, t *laneTicket) {
+	c.lanesMu.Lock()
+	defer c.lanesMu.Unlock()
+	l := c.lanes[key]
+	if l == nil || len(l.q) == 0 || l.q[0] != t {
+		panic("mesh: lane released by a ticket that does not hold it")
+	}
+	l.q[0] = nil
+	l.q = l.q[1:]
+	if len(l.q) == 0 {
+		delete(c.lanes, key)
+		return
+	}
+	close(l.q[0].ready)
+}

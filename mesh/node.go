@@ -1,0 +1,105 @@
+package mesh
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// NodeConfig holds a Node's settings. Conn and Name are required.
+type NodeConfig struct {
+	// Conn is the node's NATS connection. Required.
+	Conn *nats.Conn
+	// Name is the node name, [A-Za-z0-9_-]{1,64}. Required.
+	Name string
+	// Generation is this incarnation's generation; zero means the start
+	// time in nanoseconds since the epoch (strictly increasing across
+	// restarts of one host). The membership layer replaces this with a
+	// registry revision.
+	Generation uint64
+	// Prefix is the subject prefix; zero means subjects.DefaultPrefix.
+	Prefix subjects.Prefix
+	// Resolver maps addresses to owners; nil means every address is owned
+	// by this node (a one-node mesh).
+	Resolver Resolver
+	// Host tunes the receiving side (inbox size, dedupe window, idle
+	// timeout, claims); its Conn, Node, Prefix and Logger are set by the
+	// Node.
+	Host hub.Config
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Node is one mesh process: a hub host that receives deliveries for its node
+// generation and a client that sends them. Safe for concurrent use.
+type Node struct {
+	*Client
+	host *hub.Host
+	id   subjects.NodeID
+}
+
+// NewNode validates cfg and builds a node; register hub kinds with
+// [Node.Register], then call [Node.Start]. opts tune the sending side.
+// Errors match [ErrInvalidConfig] or hub.ErrInvalidConfig.
+func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
+	if cfg.Generation == 0 {
+		cfg.Generation = uint64(time.Now().UnixNano())
+	}
+	id := subjects.NodeID{Name: cfg.Name, Generation: cfg.Generation}
+	if err := id.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	hc := cfg.Host
+	hc.Conn, hc.Node, hc.Prefix, hc.Logger = cfg.Conn, id, cfg.Prefix, cfg.Logger
+	h, err := hub.New(hc)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = StaticResolver{Node: id}
+	}
+	c, err := NewClient(Config{Conn: cfg.Conn, Resolver: cfg.Resolver, Identity: id, Prefix: cfg.Prefix},
+		append([]Option{WithLogger(cfg.Logger)}, opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	return &Node{Client: c, host: h, id: id}, nil
+}
+
+// ID returns the node generation.
+func (n *Node) ID() subjects.NodeID { return n.id }
+
+// Host returns the receiving side.
+func (n *Node) Host() *hub.Host { return n.host }
+
+// Register installs the hub factory for an address kind.
+func (n *Node) Register(kind string, f hub.Factory) error { return n.host.Register(kind, f) }
+
+// Start subscribes the node's delivery subject.
+func (n *Node) Start() error { return n.host.Start() }
+
+// Drain refuses new deliveries ShuttingDown, settles the accepted ones
+// (handled, or failed late with ShuttingDown once ctx ends) and closes the
+// client. It returns ctx's error if ctx ended before everything settled.
+func (n *Node) Drain(ctx context.Context) error {
+	err := n.host.Drain(ctx)
+	n.Client.Close()
+	return err
+}
+
+// Close stops the node at once: queued deliveries fail late with
+// ShuttingDown. Safe to call more than once.
+func (n *Node) Close() error {
+	n.host.Close()
+	n.Client.Close()
+	return nil
+}

@@ -1,0 +1,97 @@
+package mesh
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// Response is a handler's answer to a Request.
+type Response struct {
+	Receipt
+	Payload []byte
+}
+
+type answer struct {
+	payload []byte
+	err     error
+}
+
+// Request delivers d, then waits for the handler's response, correlated by
+// delivery ID; the handler answers with hub.Delivery.Respond (or by returning:
+// an empty response, or its error as verdict.ErrHandler).
+//
+// Acceptance and response are two separate facts. The delivery part behaves
+// as Deliver (retries only before acceptance). Once accepted, the request is
+// never re-sent: if the response does not come by ctx's deadline (or the
+// request timeout when ctx has none) Request fails with
+// context.DeadlineExceeded — a timeout, Failed, not resendable — and the
+// handler may or may not have run: the caller must reconcile that execution
+// uncertainty (for instance by making the operation idempotent under the
+// delivery ID it chose). A late verdict for the delivery (its hub's build
+// failed, or it was deactivated before handling) fails the request with that
+// verdict.
+func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.requestTimeout)
+		defer cancel()
+	}
+	if err := c.validate(&d); err != nil {
+		return Response{Receipt: Receipt{ID: d.ID}}, err
+	}
+	ch := make(chan answer, 1)
+	c.pendingMu.Lock()
+	if c.closing.Load() {
+		c.pendingMu.Unlock()
+		return Response{Receipt: Receipt{ID: d.ID}}, verdict.ErrClosing
+	}
+	c.pending[d.ID] = ch
+	c.pendingMu.Unlock()
+	defer func() {
+		c.pendingMu.Lock()
+		delete(c.pending, d.ID)
+		c.pendingMu.Unlock()
+	}()
+	r, err := c.deliver(ctx, &d, true)
+	if err != nil {
+		return Response{Receipt: r}, err
+	}
+	select {
+	case a := <-ch:
+		if a.err != nil {
+			return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, a.err)
+		}
+		return Response{Receipt: r, Payload: a.payload}, nil
+	case <-ctx.Done():
+		return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s accepted by %s, no response: %w", d.ID, d.To, r.Node, ctx.Err())
+	}
+}
+
+// dispatchAnswer receives late verdicts and responses on the answer subject.
+func (c *Client) dispatchAnswer(m *nats.Msg) {
+	id := m.Header.Get(hub.HeaderID)
+	_, err := verdict.Decode(m.Header)
+	kind := m.Header.Get(hub.HeaderAnswer)
+	c.pendingMu.Lock()
+	ch, ok := c.pending[id]
+	if ok {
+		delete(c.pending, id)
+	}
+	c.pendingMu.Unlock()
+	if ok {
+		ch <- answer{payload: m.Data, err: err}
+		return
+	}
+	if kind == hub.AnswerVerdict && err != nil {
+		if f := c.opts.onLate; f != nil {
+			f(LateVerdict{ID: id, Err: err})
+		} else {
+			c.log.Warn("late verdict for a delivery", "id", id, "err", err)
+		}
+	}
+}

@@ -1,0 +1,43 @@
+package mesh
+
+import (
+	"context"
+
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// Resolver maps an address to the node generation that owns it (DESIGN §5).
+// The sender calls Resolve afresh before every attempt and Invalidate when a
+// delivery to node met NATS no responders or "not the owner", so a cached
+// entry never outlives the owner it names. Implementations must be safe for
+// concurrent use; Resolve may block (a directory read) and must honour ctx.
+// A Resolve error is a verdict error: verdict.ErrNoPlacement when no live node
+// hosts the kind, verdict.ErrDirectoryUnavailable when the directory cannot
+// be read.
+type Resolver interface {
+	Resolve(ctx context.Context, addr subjects.Address) (subjects.NodeID, error)
+	Invalidate(addr subjects.Address, node subjects.NodeID)
+}
+
+// StaticResolver resolves every address to one node generation: the resolver
+// of a one-node mesh.
+type StaticResolver struct{ Node subjects.NodeID }
+
+// Resolve returns r.Node.
+func (r StaticResolver) Resolve(context.Context, subjects.Address) (subjects.NodeID, error) {
+	return r.Node, nil
+}
+
+// Invalidate does nothing: there is no cache.
+func (StaticResolver) Invalidate(subjects.Address, subjects.NodeID) {}
+
+// ResolverFunc adapts a function to a Resolver with no cache.
+type ResolverFunc func(ctx context.Context, addr subjects.Address) (subjects.NodeID, error)
+
+// Resolve calls f.
+func (f ResolverFunc) Resolve(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+	return f(ctx, addr)
+}
+
+// Invalidate does nothing.
+func (ResolverFunc) Invalidate(subjects.Address, subjects.NodeID) {}

@@ -1,0 +1,87 @@
+package mesh
+
+import (
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// DefaultMaxInFlight is the node-wide cap on legs in flight (DESIGN §4).
+const DefaultMaxInFlight = 256
+
+// DefaultSaturationThreshold is the legs-in-flight count that opens a
+// saturation episode (DESIGN §4).
+const DefaultSaturationThreshold = 64
+
+// Saturation is a gauge of the sender, not a limiter. Every field carries
+// information: together they tell breadth (many destinations, shallow lanes)
+// from head-of-line blocking (one deep lane).
+type Saturation struct {
+	LegsInFlight int     // legs sent and not yet answered
+	PeakInFlight int     // the most legs in flight at once since the client started
+	MaxInFlight  int     // the cap on LegsInFlight
+	Lanes        int     // lanes holding work (in flight or waiting)
+	Destinations int     // distinct addresses among those lanes
+	Deepest      LaneKey // the lane with the most deliveries (in flight + waiting)
+	DeepestDepth int     // its depth
+	Episode      uint64  // saturation episodes opened so far
+	Saturated    bool    // an episode is open now
+	Threshold    int     // legs in flight that open an episode
+}
+
+// saturation latches episodes: one log line when legs in flight cross the
+// threshold, none until they fall back below it. Lock-free on the hot path.
+type saturation struct {
+	open    atomic.Bool
+	episode atomic.Uint64
+}
+
+// Saturation returns the current report. It scans the lanes: O(lanes).
+func (c *Client) Saturation() Saturation {
+	s := Saturation{MaxInFlight: c.opts.maxInFlight, Threshold: c.opts.saturationThreshold}
+	s.LegsInFlight = int(c.inFlight.Load())
+	s.PeakInFlight = int(c.peakInFlight.Load())
+	c.lanesMu.Lock()
+	s.Lanes = len(c.lanes)
+	dests := make(map[subjects.Address]struct{}, len(c.lanes))
+	for k, l := range c.lanes {
+		dests[k.Addr] = struct{}{}
+		if len(l.q) > s.DeepestDepth {
+			s.DeepestDepth, s.Deepest = len(l.q), k
+		}
+	}
+	c.lanesMu.Unlock()
+	s.Destinations = len(dests)
+	s.Episode, s.Saturated = c.sat.episode.Load(), c.sat.open.Load()
+	return s
+}
+
+// observeInFlight is called with the new legs-in-flight count after each
+// change; it opens or closes an episode on a threshold crossing.
+func (c *Client) observeInFlight(n int64) {
+	th := int64(c.opts.saturationThreshold)
+	if th <= 0 {
+		return
+	}
+	if n < th {
+		if c.sat.open.Load() {
+			c.sat.open.Store(false)
+		}
+		return
+	}
+	if !c.sat.open.CompareAndSwap(false, true) {
+		return
+	}
+	c.sat.episode.Add(1)
+	r := c.Saturation()
+	c.log.Warn("mesh sender saturated",
+		slog.Uint64("episode", r.Episode),
+		slog.Int("legs_in_flight", r.LegsInFlight),
+		slog.Int("max_in_flight", r.MaxInFlight),
+		slog.Int("lanes", r.Lanes),
+		slog.Int("destinations", r.Destinations),
+		slog.Int("deepest_lane_depth", r.DeepestDepth),
+		slog.String("deepest_lane_address", string(r.Deepest.Addr)),
+		slog.String("deepest_lane_stream", string(r.Deepest.Stream)))
+}
