@@ -1,0 +1,198 @@
+package mesh
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// TestOrderWithRefusals: 64 streams × 200 deliveries to one address,
+// pipelined with DeliverAsync, with refusals (NATS no responders from a
+// departed generation) injected on the first attempt of random deliveries:
+// 0 inversions in any stream, 0 duplicate executions, exactly one verdict
+// per delivery.
+func TestOrderWithRefusals(t *testing.T) {
+	const streams, perStream = 64, 200
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	// The resolver sends a random fifth of attempts to a departed
+	// generation; the sender must retry those on their lane.
+	rng := rand.New(rand.NewPCG(1, 2))
+	var rngMu sync.Mutex
+	res := &countingResolver{fn: func(int, subjects.Address) subjects.NodeID {
+		rngMu.Lock()
+		defer rngMu.Unlock()
+		if rng.IntN(5) == 0 {
+			return ghost
+		}
+		return n.ID()
+	}}
+	c := newClient(t, natstest.Connect(t, s), res, WithClock(&fakeClock{}))
+
+	ctx := context.Background()
+	results := make([][]<-chan Result, streams)
+	for st := 0; st < streams; st++ {
+		for i := 0; i < perStream; i++ {
+			p := make([]byte, 8)
+			binary.BigEndian.PutUint32(p, uint32(st))
+			binary.BigEndian.PutUint32(p[4:], uint32(i))
+			results[st] = append(results[st], c.DeliverAsync(ctx, Delivery{
+				To: "rec/one", Stream: subjects.Stream(fmt.Sprintf("s%d", st)), Payload: p,
+			}))
+		}
+	}
+	verdicts := 0
+	for st := range results {
+		for i, ch := range results[st] {
+			r := <-ch
+			verdicts++
+			if r.Err != nil {
+				t.Fatalf("stream %d delivery %d: %v", st, i, r.Err)
+			}
+			select {
+			case extra := <-ch:
+				t.Fatalf("second verdict for stream %d delivery %d: %+v", st, i, extra)
+			default:
+			}
+		}
+	}
+	if verdicts != streams*perStream {
+		t.Fatalf("verdicts = %d", verdicts)
+	}
+	if c.Stats().Retries == 0 {
+		t.Fatalf("no refusal was injected; the test proves nothing")
+	}
+	natstest.Eventually(t, 20*time.Second, func() bool { return rec.total() >= streams*perStream }, "all handled")
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	next := make([]uint32, streams)
+	inversions := 0
+	for _, d := range rec.handled["rec/one"] {
+		st, i := binary.BigEndian.Uint32(d.Payload), binary.BigEndian.Uint32(d.Payload[4:])
+		if i != next[st] {
+			inversions++
+		}
+		next[st] = i + 1
+	}
+	for id, k := range rec.count {
+		if k != 1 {
+			t.Errorf("delivery %s executed %d times", id, k)
+		}
+	}
+	if inversions != 0 || len(rec.handled["rec/one"]) != streams*perStream {
+		t.Errorf("inversions = %d, handled = %d", inversions, len(rec.handled["rec/one"]))
+	}
+	t.Logf("retries injected: %d", c.Stats().Retries)
+}
+
+// TestRetryHoldsLane: a delivery backing off on its lane holds that lane —
+// the next delivery on it waits — while other lanes finish meanwhile.
+func TestRetryHoldsLane(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	clock := &fakeClock{gate: make(chan struct{})}
+	var mu sync.Mutex
+	refuse := true
+	// The held lane's owner is a departed generation until the test says.
+	res := ResolverFunc(func(_ context.Context, addr subjects.Address) (subjects.NodeID, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if addr == "rec/held" && refuse {
+			return ghost, nil
+		}
+		return n.ID(), nil
+	})
+	c := newClient(t, natstest.Connect(t, s), res, WithClock(clock))
+	ctx := context.Background()
+	first := c.DeliverAsync(ctx, Delivery{ID: "held-1", To: "rec/held"})
+	second := c.DeliverAsync(ctx, Delivery{ID: "held-2", To: "rec/held"})
+	natstest.Eventually(t, 5*time.Second, func() bool { return len(clock.recorded()) == 1 }, "first delivery backing off")
+	for i := 0; i < 10; i++ {
+		if _, err := c.Deliver(ctx, Delivery{To: "rec/other", Stream: subjects.Stream(fmt.Sprint(i))}); err != nil {
+			t.Fatalf("other lane: %v", err)
+		}
+	}
+	if _, err := c.Deliver(ctx, Delivery{To: "rec/free", Stream: "x"}); err != nil {
+		t.Fatalf("another destination: %v", err)
+	}
+	if sat := c.Saturation(); sat.DeepestDepth != 2 || sat.Deepest != (LaneKey{Addr: "rec/held"}) {
+		t.Errorf("saturation %+v: want the held lane 2 deep", sat)
+	}
+	select {
+	case r := <-second:
+		t.Fatalf("second delivery finished while the first held the lane: %+v", r)
+	default:
+	}
+	if rec.executions("held-2") != 0 {
+		t.Fatalf("second delivery overtook the first")
+	}
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	close(clock.gate)
+	if r := <-first; r.Err != nil || r.Attempts != 2 {
+		t.Fatalf("first: %+v", r)
+	}
+	if r := <-second; r.Err != nil || r.Attempts != 1 {
+		t.Fatalf("second: %+v", r)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return rec.executions("held-2") == 1 }, "second handled")
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if h := rec.handled["rec/held"]; len(h) != 2 || h[0].ID != "held-1" || h[1].ID != "held-2" {
+		t.Errorf("held lane handled out of order")
+	}
+	if sat := c.Saturation(); sat.Lanes != 0 {
+		t.Errorf("lanes remain after all work: %+v", sat)
+	}
+}
+
+// TestTurnsOneAtATime: a hub never runs two deliveries at once, and runs
+// them in acceptance order, even from many concurrent senders.
+func TestTurnsOneAtATime(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	var running, maxRunning int
+	var mu sync.Mutex
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		mu.Lock()
+		running++
+		maxRunning = max(maxRunning, running)
+		mu.Unlock()
+		for i := 0; i < 1000; i++ {
+			_ = i * i
+		}
+		mu.Lock()
+		running--
+		mu.Unlock()
+		return nil
+	}
+	var wg sync.WaitGroup
+	for st := 0; st < 16; st++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				if _, err := n.Deliver(context.Background(), Delivery{To: "rec/x", Stream: subjects.Stream(fmt.Sprint(st))}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	natstest.Eventually(t, 10*time.Second, func() bool { return rec.total() == 800 }, "all handled")
+	mu.Lock()
+	defer mu.Unlock()
+	if maxRunning != 1 {
+		t.Errorf("max concurrent handlers = %d, want 1", maxRunning)
+	}
+}
