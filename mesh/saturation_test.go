@@ -1,0 +1,184 @@
+package mesh
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// holdingIntake is a real NATS responder on a node generation's delivery
+// subject that holds every request until released, then answers Accepted:
+// an intake that is slow to answer.
+type holdingIntake struct {
+	mu   sync.Mutex
+	held []*nats.Msg
+}
+
+func (h *holdingIntake) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held)
+}
+
+func (h *holdingIntake) release(node subjects.NodeID) {
+	h.mu.Lock()
+	held := h.held
+	h.held = nil
+	h.mu.Unlock()
+	for _, m := range held {
+		r := nats.NewMsg(m.Reply)
+		verdict.Encode(r.Header, nil, node.String())
+		_ = m.RespondMsg(r)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) lines(msg string) []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(s.b.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestSaturationEpisodes: one structured log line per episode when legs in
+// flight cross the threshold, latched until they fall back; every field
+// carries the state at the crossing (breadth and the deepest lane).
+func TestSaturationEpisodes(t *testing.T) {
+	s := natstest.RunServer(t)
+	slow := subjects.NodeID{Name: "slow", Generation: 1}
+	intake := &holdingIntake{}
+	nc := natstest.Connect(t, s)
+	if _, err := nc.Subscribe(subjects.DefaultPrefix.NodeSubscription(slow), func(m *nats.Msg) {
+		intake.mu.Lock()
+		intake.held = append(intake.held, m)
+		intake.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: slow},
+		WithSaturationThreshold(4), WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
+
+	burst := func() []<-chan Result {
+		var rs []<-chan Result
+		for i := 0; i < 6; i++ {
+			rs = append(rs, c.DeliverAsync(context.Background(), Delivery{To: subjects.Address(fmt.Sprintf("k/%d", i))}))
+		}
+		for i := 0; i < 3; i++ { // three more behind k/0: a lane 4 deep
+			rs = append(rs, c.DeliverAsync(context.Background(), Delivery{To: "k/0"}))
+		}
+		return rs
+	}
+	wait := func(rs []<-chan Result) {
+		for len(rs) > 0 {
+			select {
+			case r := <-rs[0]:
+				if r.Err != nil {
+					t.Fatal(r.Err)
+				}
+				rs = rs[1:]
+			case <-time.After(5 * time.Millisecond):
+				intake.release(slow)
+			}
+		}
+	}
+	rs := burst()
+	natstest.Eventually(t, 5*time.Second, func() bool { return intake.count() == 6 }, "6 legs held")
+	sat := c.Saturation()
+	if sat.LegsInFlight != 6 || sat.Lanes != 6 || sat.Destinations != 6 || sat.DeepestDepth != 4 || sat.Deepest.Addr != "k/0" || !sat.Saturated || sat.Episode != 1 {
+		t.Errorf("saturation %+v", sat)
+	}
+	lines := logs.lines("mesh sender saturated")
+	if len(lines) != 1 {
+		t.Fatalf("%d log lines in the first episode, want 1", len(lines))
+	}
+	l := lines[0]
+	if l["episode"] != 1.0 || l["legs_in_flight"].(float64) < 4 || l["max_in_flight"] != 256.0 || l["lanes"] != 6.0 || l["destinations"] != 6.0 {
+		t.Errorf("log line %v", l)
+	}
+	wait(rs)
+	if sat := c.Saturation(); sat.Saturated || sat.LegsInFlight != 0 || sat.Lanes != 0 || sat.PeakInFlight != 6 {
+		t.Errorf("after the burst: %+v", sat)
+	}
+	rs = burst()
+	natstest.Eventually(t, 5*time.Second, func() bool { return intake.count() == 6 }, "6 legs held again")
+	wait(rs)
+	if lines := logs.lines("mesh sender saturated"); len(lines) != 2 || lines[1]["episode"] != 2.0 {
+		t.Errorf("second episode: %v", lines)
+	}
+}
+
+// TestInFlightCap: legs in flight never exceed the cap; callers beyond it
+// wait, bounded by their ctx.
+func TestInFlightCap(t *testing.T) {
+	s := natstest.RunServer(t)
+	slow := subjects.NodeID{Name: "slow", Generation: 1}
+	intake := &holdingIntake{}
+	nc := natstest.Connect(t, s)
+	if _, err := nc.Subscribe(subjects.DefaultPrefix.NodeSubscription(slow), func(m *nats.Msg) {
+		intake.mu.Lock()
+		intake.held = append(intake.held, m)
+		intake.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: slow}, WithMaxInFlight(3), WithSaturationThreshold(0))
+	var rs []<-chan Result
+	for i := 0; i < 5; i++ {
+		rs = append(rs, c.DeliverAsync(context.Background(), Delivery{To: subjects.Address(fmt.Sprintf("k/%d", i))}))
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return intake.count() == 3 }, "3 legs held")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := c.Deliver(ctx, Delivery{To: "k/extra"})
+	if err == nil || verdict.IsResendable(err) {
+		t.Errorf("a caller over the cap: %v; want its ctx deadline", err)
+	}
+	if got := intake.count(); got != 3 || c.Saturation().LegsInFlight != 3 {
+		t.Errorf("held %d, in flight %d; want 3", got, c.Saturation().LegsInFlight)
+	}
+	for _, ch := range rs {
+		for done := false; !done; {
+			select {
+			case r := <-ch:
+				if r.Err != nil {
+					t.Fatal(r.Err)
+				}
+				done = true
+			case <-time.After(5 * time.Millisecond):
+				intake.release(slow)
+			}
+		}
+	}
+	if p := c.Saturation().PeakInFlight; p != 3 {
+		t.Errorf("peak in flight %d, want 3", p)
+	}
+}
