@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,10 +110,14 @@ type Stats struct {
 // Host receives deliveries for one node generation. It is safe for
 // concurrent use. Create it with [New], register hub kinds, then [Host.Start].
 type Host struct {
-	cfg    Config
-	nodeID string // cfg.Node.String(), the Mesh-Node header value
-	log    *slog.Logger
-	dedupe *dedupe
+	cfg       Config
+	nodeID    string // cfg.Node.String(), the Mesh-Node header value
+	ansPrefix string // "<prefix>.ans.", where senders' answer subjects live
+	// acceptedHdr is the constant header of every Accepted reply; it is
+	// shared read-only (nats.go only reads a header when publishing).
+	acceptedHdr nats.Header
+	log         *slog.Logger
+	dedupe      *dedupe
 
 	kindsMu sync.RWMutex
 	kinds   map[string]Factory
@@ -136,7 +141,11 @@ func New(cfg Config) (*Host, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	acceptedHdr := nats.Header{}
+	verdict.Encode(acceptedHdr, nil, cfg.Node.String())
 	return &Host{
+		acceptedHdr: acceptedHdr,
+		ansPrefix:   cfg.Prefix.Sub(AnswerToken + "."),
 		cfg:         cfg,
 		nodeID:      cfg.Node.String(),
 		log:         cfg.Logger.With("node", cfg.Node.String()),
@@ -285,14 +294,29 @@ func (h *Host) parse(m *nats.Msg) (*entry, error) {
 		}
 		e.Attempt = n
 	}
-	e.Sender = hdr.Get(HeaderSender)
 	e.answerTo = hdr.Get(HeaderAnswerTo)
+	if e.Sender = hdr.Get(HeaderSender); e.Sender == "" {
+		e.Sender = h.senderOf(e.answerTo)
+	}
 	e.expectResponse = hdr.Get(HeaderExpectResponse) == "true"
 	if e.expectResponse && e.answerTo == "" {
 		return nil, verdict.New(verdict.ReasonBadRequest, "%s without %s", HeaderExpectResponse, HeaderAnswerTo)
 	}
 	e.Payload = m.Data
 	return e, nil
+}
+
+// senderOf derives a mesh sender's identity "name.gen" from its answer
+// subject <prefix>.ans.<name>.<gen>, or returns "".
+func (h *Host) senderOf(answerTo string) string {
+	rest, ok := strings.CutPrefix(answerTo, h.ansPrefix)
+	if !ok {
+		return ""
+	}
+	if _, err := subjects.ParseNodeID(rest); err != nil {
+		return ""
+	}
+	return rest
 }
 
 // activate returns the activation of addr, creating it (and starting its
@@ -367,8 +391,11 @@ func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release fun
 
 // reply answers the delivery request with err's verdict (nil: Accepted).
 func (h *Host) reply(m *nats.Msg, err error) {
-	r := &nats.Msg{Subject: m.Reply, Header: nats.Header{}}
-	verdict.Encode(r.Header, err, h.nodeID)
+	r := &nats.Msg{Subject: m.Reply, Header: h.acceptedHdr}
+	if err != nil {
+		r.Header = nats.Header{}
+		verdict.Encode(r.Header, err, h.nodeID)
+	}
 	if perr := h.cfg.Conn.PublishMsg(r); perr != nil {
 		h.log.Warn("reply failed", "subject", m.Subject, "err", perr)
 	}

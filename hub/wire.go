@@ -13,7 +13,8 @@ const (
 	HeaderType = "Mesh-Type"
 	// HeaderAttempt is the 1-based attempt number (optional, default 1).
 	HeaderAttempt = "Mesh-Attempt"
-	// HeaderSender is the sending node or client, "name.gen" (optional).
+	// HeaderSender is the sending node or client, "name.gen" (optional;
+	// when absent, a mesh sender is known by its answer subject).
 	HeaderSender = "Mesh-Sender"
 	// HeaderAnswerTo is the subject that receives late answers and
 	// responses for this delivery (optional: without it the hub cannot
@@ -39,3 +40,7 @@ const (
 	MaxIDLen   = 128
 	MaxTypeLen = 256
 )
+
+// AnswerToken is the subject token under the prefix where mesh senders
+// receive answers: <prefix>.ans.<name>.<gen>.
+const AnswerToken = "ans"

@@ -51,6 +51,7 @@ type Client struct {
 	sender   string // cfg.Identity.String()
 	answerTo string
 
+	nuid         lockedNUID
 	sem          chan struct{} // legs in flight
 	inFlight     atomic.Int64
 	peakInFlight atomic.Int64
@@ -98,7 +99,7 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 		stop:    make(chan struct{}),
 	}
 	c.stopCtx, c.stopCancel = context.WithCancel(context.Background())
-	c.answerTo = cfg.Prefix.Sub("ans." + cfg.Identity.Name + "." + strconv.FormatUint(cfg.Identity.Generation, 10))
+	c.answerTo = cfg.Prefix.Sub(hub.AnswerToken + "." + cfg.Identity.Name + "." + strconv.FormatUint(cfg.Identity.Generation, 10))
 	sub, err := cfg.Conn.Subscribe(c.answerTo, c.dispatchAnswer)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: subscribe answers: %w", err)
@@ -176,20 +177,22 @@ func (c *Client) begin(d *Delivery) (LaneKey, *laneTicket, error) {
 	return key, c.enqueueLane(key), nil
 }
 
-// run waits for the lane, runs the attempts and releases the lane.
+// run waits for the lane, runs the attempts and releases the lane. A ctx
+// without deadline is bounded by the request timeout; the bound is applied
+// where the call waits (lane, slot, leg, back-off) rather than by wrapping
+// ctx, which keeps the fast path free of timers.
 func (c *Client) run(ctx context.Context, d *Delivery, key LaneKey, t *laneTicket, expectResponse bool) (Receipt, error) {
 	defer c.calls.Done()
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.opts.requestTimeout)
-		defer cancel()
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(c.opts.requestTimeout)
 	}
-	if err := c.waitLane(ctx, key, t); err != nil {
+	if err := c.waitLane(ctx, deadline, key, t); err != nil {
 		c.failed.Add(1)
 		return Receipt{ID: d.ID}, fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
 	}
 	defer c.releaseLane(key, t)
-	r, err := c.attempts(ctx, d, expectResponse)
+	r, err := c.attempts(ctx, deadline, d, expectResponse)
 	if err != nil {
 		c.failed.Add(1)
 	} else {
@@ -200,7 +203,7 @@ func (c *Client) run(ctx context.Context, d *Delivery, key LaneKey, t *laneTicke
 
 func (c *Client) validate(d *Delivery) error {
 	if d.ID == "" {
-		d.ID = nuid.Next()
+		d.ID = c.nuid.next()
 	}
 	if len(d.ID) > hub.MaxIDLen {
 		return verdict.New(verdict.ReasonInvalidAddress, "delivery ID over %d bytes", hub.MaxIDLen)
@@ -219,20 +222,33 @@ func (c *Client) validate(d *Delivery) error {
 	if len(d.Type) > hub.MaxTypeLen {
 		return verdict.New(verdict.ReasonInvalidAddress, "type over %d bytes", hub.MaxTypeLen)
 	}
-	if max := c.cfg.Conn.MaxPayload(); max > 0 && int64(len(d.Payload)) > max {
-		return verdict.New(verdict.ReasonPayloadTooLarge, "payload of %d bytes is over the server's max_payload of %d", len(d.Payload), max)
+	// nats.go refuses an oversized message itself before sending (mapped
+	// in leg); checking here too gives the clearer error for payloads large
+	// enough to matter without taking the connection's lock on every call.
+	if len(d.Payload) > smallPayload {
+		if max := c.cfg.Conn.MaxPayload(); max > 0 && int64(len(d.Payload)) > max {
+			return payloadTooLarge(len(d.Payload), max)
+		}
 	}
 	return nil
 }
 
+// smallPayload is the size under which Deliver leaves the max_payload check
+// to nats.go.
+const smallPayload = 4096
+
+func payloadTooLarge(n int, max int64) error {
+	return verdict.New(verdict.ReasonPayloadTooLarge, "payload of %d bytes (with headers) is over the server's max_payload of %d", n, max)
+}
+
 // attempts runs the retry ladder while holding the lane.
-func (c *Client) attempts(ctx context.Context, d *Delivery, expectResponse bool) (Receipt, error) {
+func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, expectResponse bool) (Receipt, error) {
 	p := c.opts.retry
 	b := p.backoff()
 	for attempt := 1; ; attempt++ {
 		node, err := c.cfg.Resolver.Resolve(ctx, d.To)
 		if err == nil {
-			err = c.leg(ctx, d, node, attempt, expectResponse)
+			err = c.leg(ctx, deadline, d, node, attempt, expectResponse)
 			if err == nil {
 				return Receipt{ID: d.ID, Node: node, Attempts: attempt}, nil
 			}
@@ -247,7 +263,7 @@ func (c *Client) attempts(ctx context.Context, d *Delivery, expectResponse bool)
 		if c.closing.Load() {
 			return Receipt{ID: d.ID, Node: node, Attempts: attempt}, errors.Join(verdict.ErrClosing, err)
 		}
-		if serr := c.sleep(ctx, b.NextBackOff()); serr != nil {
+		if serr := c.sleep(ctx, deadline, b.NextBackOff()); serr != nil {
 			if c.closing.Load() {
 				return Receipt{ID: d.ID, Attempts: attempt}, errors.Join(verdict.ErrClosing, err)
 			}
@@ -264,7 +280,7 @@ func (c *Client) attempts(ctx context.Context, d *Delivery, expectResponse bool)
 }
 
 // leg sends one attempt and decodes the verdict of its reply.
-func (c *Client) leg(ctx context.Context, d *Delivery, node subjects.NodeID, attempt int, expectResponse bool) error {
+func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, node subjects.NodeID, attempt int, expectResponse bool) error {
 	msg := &nats.Msg{
 		Subject: c.cfg.Prefix.Delivery(node, d.To, d.Stream),
 		Data:    d.Payload,
@@ -272,8 +288,9 @@ func (c *Client) leg(ctx context.Context, d *Delivery, node subjects.NodeID, att
 	}
 	h := msg.Header
 	h[hub.HeaderID] = []string{d.ID}
-	h[hub.HeaderAttempt] = []string{strconv.Itoa(attempt)}
-	h[hub.HeaderSender] = []string{c.sender}
+	if attempt > 1 {
+		h[hub.HeaderAttempt] = []string{strconv.Itoa(attempt)}
+	}
 	h[hub.HeaderAnswerTo] = []string{c.answerTo}
 	if d.Type != "" {
 		h[hub.HeaderType] = []string{d.Type}
@@ -284,12 +301,11 @@ func (c *Client) leg(ctx context.Context, d *Delivery, node subjects.NodeID, att
 	if expectResponse {
 		h[hub.HeaderExpectResponse] = []string{"true"}
 	}
-	legCtx := ctx
-	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > c.opts.legTimeout {
-		var cancel context.CancelFunc
-		legCtx, cancel = context.WithTimeout(ctx, c.opts.legTimeout)
-		defer cancel()
+	if legEnd := time.Now().Add(c.opts.legTimeout); legEnd.Before(deadline) {
+		deadline = legEnd
 	}
+	legCtx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	select {
 	case c.sem <- struct{}{}:
 	case <-legCtx.Done():
@@ -304,6 +320,9 @@ func (c *Client) leg(ctx context.Context, d *Delivery, node subjects.NodeID, att
 	reply, err := c.cfg.Conn.RequestMsgWithContext(legCtx, msg)
 	c.observeInFlight(c.inFlight.Add(-1))
 	<-c.sem
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return payloadTooLarge(len(d.Payload), c.cfg.Conn.MaxPayload())
+	}
 	if err != nil {
 		return err
 	}
@@ -347,12 +366,29 @@ func (c *Client) Stats() ClientStats {
 	return ClientStats{Accepted: c.accepted.Load(), Failed: c.failed.Load(), Retries: c.retries.Load()}
 }
 
-// sleep backs off for d on the injected clock; Close interrupts it.
-func (c *Client) sleep(ctx context.Context, d time.Duration) error {
-	ctx, cancel := context.WithCancel(ctx)
+// sleep backs off for d on the injected clock, bounded by deadline; Close
+// interrupts it.
+func (c *Client) sleep(ctx context.Context, deadline time.Time, d time.Duration) error {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	defer context.AfterFunc(c.stopCtx, cancel)()
 	return c.opts.clock.Sleep(ctx, d)
+}
+
+// lockedNUID is a per-client NUID generator: the package-level nuid.Next
+// serialises every client of the process on one lock.
+type lockedNUID struct {
+	mu sync.Mutex
+	n  *nuid.NUID
+}
+
+func (l *lockedNUID) next() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n == nil {
+		l.n = nuid.New()
+	}
+	return l.n.Next()
 }
 
 func nuidShort() string {

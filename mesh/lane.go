@@ -2,6 +2,8 @@ package mesh
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
@@ -22,8 +24,11 @@ func laneKeyOf(d *Delivery) LaneKey { return LaneKey{Addr: d.To, Stream: d.Strea
 // or backing off); the rest wait in call order. A lane exists only while it
 // holds work.
 type lane struct {
-	q []*laneTicket
+	q    []*laneTicket // q[head] holds the lane; q[head+1:] wait in order
+	head int
 }
+
+func (l *lane) depth() int { return len(l.q) - l.head }
 
 type laneTicket struct {
 	ready chan struct{} // closed when the ticket reaches the head; nil for a ticket created at the head
@@ -37,11 +42,11 @@ func (c *Client) enqueueLane(key LaneKey) *laneTicket {
 	defer c.lanesMu.Unlock()
 	l := c.lanes[key]
 	if l == nil {
-		l = &lane{}
+		l = lanePool.Get().(*lane)
 		c.lanes[key] = l
 	}
-	t := &laneTicket{}
-	if len(l.q) > 0 {
+	t := ticketPool.Get().(*laneTicket)
+	if l.depth() > 0 {
 		t.ready = make(chan struct{})
 	}
 	l.q = append(l.q, t)
@@ -50,10 +55,12 @@ func (c *Client) enqueueLane(key LaneKey) *laneTicket {
 
 // waitLane blocks until t holds its lane, or ctx ends or the client closes;
 // on error the ticket has left the lane.
-func (c *Client) waitLane(ctx context.Context, key LaneKey, t *laneTicket) error {
+func (c *Client) waitLane(ctx context.Context, deadline time.Time, key LaneKey, t *laneTicket) error {
 	if t.ready == nil {
 		return nil
 	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	var err error
 	select {
 	case <-t.ready:
@@ -72,8 +79,8 @@ func (c *Client) waitLane(ctx context.Context, key LaneKey, t *laneTicket) error
 	default:
 	}
 	l := c.lanes[key]
-	for i, w := range l.q {
-		if w == t {
+	for i := l.head + 1; i < len(l.q); i++ {
+		if l.q[i] == t {
 			l.q = append(l.q[:i], l.q[i+1:]...)
 			break
 		}
@@ -88,14 +95,28 @@ func (c *Client) releaseLane(key LaneKey, t *laneTicket) {
 	c.lanesMu.Lock()
 	defer c.lanesMu.Unlock()
 	l := c.lanes[key]
-	if l == nil || len(l.q) == 0 || l.q[0] != t {
+	if l == nil || l.depth() == 0 || l.q[l.head] != t {
 		panic("mesh: lane released by a ticket that does not hold it")
 	}
-	l.q[0] = nil
-	l.q = l.q[1:]
-	if len(l.q) == 0 {
+	l.q[l.head] = nil
+	l.head++
+	t.ready = nil
+	ticketPool.Put(t)
+	if l.depth() == 0 {
 		delete(c.lanes, key)
+		l.q, l.head = l.q[:0], 0
+		if cap(l.q) > 64 {
+			l.q = nil // a burst's queue is not kept in the pool
+		}
+		lanePool.Put(l)
 		return
 	}
-	close(l.q[0].ready)
+	close(l.q[l.head].ready)
 }
+
+// Lanes and tickets are recycled: a lane exists only while it holds work, so
+// most deliveries create and drop one.
+var (
+	lanePool   = sync.Pool{New: func() any { return &lane{q: make([]*laneTicket, 0, 4)} }}
+	ticketPool = sync.Pool{New: func() any { return new(laneTicket) }}
+)

@@ -47,8 +47,8 @@ func (c *Client) Saturation() Saturation {
 	dests := make(map[subjects.Address]struct{}, len(c.lanes))
 	for k, l := range c.lanes {
 		dests[k.Addr] = struct{}{}
-		if len(l.q) > s.DeepestDepth {
-			s.DeepestDepth, s.Deepest = len(l.q), k
+		if l.depth() > s.DeepestDepth {
+			s.DeepestDepth, s.Deepest = l.depth(), k
 		}
 	}
 	c.lanesMu.Unlock()

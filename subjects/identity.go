@@ -162,8 +162,10 @@ func isNameByte(c byte) bool {
 // parseGeneration accepts only the canonical decimal form of a uint64 > 0, so
 // that parsing a subject is injective.
 func parseGeneration(s string) (uint64, error) {
+	// Base-10 ParseUint accepts only digits, so the form is canonical
+	// exactly when there is no leading zero.
 	g, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || g == 0 || strconv.FormatUint(g, 10) != s {
+	if err != nil || g == 0 || s[0] == '0' {
 		return 0, fmt.Errorf("%w: %q", ErrInvalidGeneration, s)
 	}
 	return g, nil

@@ -127,10 +127,17 @@ func (p Prefix) ParseDelivery(subject string) (Delivery, error) {
 	if !ok {
 		return Delivery{}, fmt.Errorf("%w: %q is not a delivery subject under %q", ErrInvalidSubject, subject, string(p))
 	}
-	toks := strings.Split(rest, ".")
-	if len(toks) != 4 {
-		return Delivery{}, fmt.Errorf("%w: %q has %d tokens after the prefix, want 4", ErrInvalidSubject, subject, len(toks))
+	var toks [4]string
+	for i := range 3 {
+		var ok bool
+		if toks[i], rest, ok = strings.Cut(rest, "."); !ok {
+			return Delivery{}, fmt.Errorf("%w: %q: want <prefix>.dlv.<node>.<gen>.<addr>.<stream>", ErrInvalidSubject, subject)
+		}
 	}
+	if strings.IndexByte(rest, '.') >= 0 {
+		return Delivery{}, fmt.Errorf("%w: %q: want <prefix>.dlv.<node>.<gen>.<addr>.<stream>", ErrInvalidSubject, subject)
+	}
+	toks[3] = rest
 	if err := ValidateNodeName(toks[0]); err != nil {
 		return Delivery{}, err
 	}
