@@ -57,13 +57,14 @@ type Delivery struct {
 func (d *Delivery) ExpectsResponse() bool { return d.expectResponse }
 
 // Respond sends payload as the response to a request. It does not block on
-// the requester. It returns [ErrNoResponseExpected] for a plain delivery,
+// the requester. For a plain delivery (no response expected) it does nothing
+// and returns nil, so one handler serves both. It returns
 // [ErrAlreadyResponded] on a second call, or the NATS publish error. If the
 // handler returns without responding, the host responds with an empty
 // payload (or the handler's error). Safe to call from any goroutine.
 func (d *Delivery) Respond(payload []byte) error {
 	if !d.expectResponse {
-		return ErrNoResponseExpected
+		return nil
 	}
 	if !d.responded.CompareAndSwap(false, true) {
 		return ErrAlreadyResponded

@@ -11,6 +11,4 @@ var (
 	ErrKindRegistered = errors.New("hub: kind already registered")
 	// ErrAlreadyResponded: Respond was called twice for one delivery.
 	ErrAlreadyResponded = errors.New("hub: delivery already responded")
-	// ErrNoResponseExpected: Respond on a delivery that is not a request.
-	ErrNoResponseExpected = errors.New("hub: delivery expects no response")
 )

@@ -1,0 +1,163 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// These tests speak the wire protocol with a plain nats.go client, as a
+// client in another language would.
+
+func startHost(t *testing.T, nc *nats.Conn) *Host {
+	t.Helper()
+	h, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "h", Generation: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Register("echo", func(ctx context.Context, addr subjects.Address) (Hub, error) {
+		return HandlerFunc(func(ctx context.Context, d *Delivery) error {
+			if string(d.Payload) == "fail" {
+				return errors.New("asked to fail")
+			}
+			return d.Respond(d.Payload)
+		}), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Register("echo", nil); !errors.Is(err, ErrKindRegistered) {
+		t.Errorf("second Register = %v", err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+func request(t *testing.T, nc *nats.Conn, subject string, hdr map[string]string, data string) (string, error) {
+	t.Helper()
+	m := nats.NewMsg(subject)
+	for k, v := range hdr {
+		m.Header.Set(k, v)
+	}
+	m.Data = []byte(data)
+	r, err := nc.RequestMsg(m, 2*time.Second)
+	if err != nil {
+		t.Fatalf("request %s: %v", subject, err)
+	}
+	return verdict.Decode(r.Header)
+}
+
+func TestWireIntake(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	h := startHost(t, nc)
+	node := h.Node()
+	p := subjects.DefaultPrefix
+	subj := p.Delivery(node, "echo/x", "")
+
+	if n, err := request(t, nc, subj, map[string]string{HeaderID: "a1"}, "hi"); err != nil || n != "h.3" {
+		t.Errorf("Accepted: node %q err %v", n, err)
+	}
+	cases := []struct {
+		name    string
+		subject string
+		hdr     map[string]string
+		want    error
+	}{
+		{"no Mesh-Id", subj, nil, verdict.ErrBadRequest},
+		{"long Mesh-Id", subj, map[string]string{HeaderID: string(make([]byte, 200))}, verdict.ErrBadRequest},
+		{"bad attempt", subj, map[string]string{HeaderID: "a2", HeaderAttempt: "zero"}, verdict.ErrBadRequest},
+		{"bad from", subj, map[string]string{HeaderID: "a3", HeaderFrom: "nokind"}, verdict.ErrBadRequest},
+		{"response without answer subject", subj, map[string]string{HeaderID: "a4", HeaderExpectResponse: "true"}, verdict.ErrBadRequest},
+		{"unknown kind", p.Delivery(node, "nope/x", ""), map[string]string{HeaderID: "a5"}, verdict.ErrUnknownKind},
+		{"non-canonical token", "mesh.v1.dlv.h.3.echo=2Fx.=", map[string]string{HeaderID: "a6"}, verdict.ErrInvalidAddress},
+	}
+	for _, c := range cases {
+		_, err := request(t, nc, c.subject, c.hdr, "")
+		if !errors.Is(err, c.want) || verdict.IsTransient(err) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	if st := h.Stats(); st.Accepted != 1 || st.Refused != int64(len(cases)) {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestWireAnswers: responses and handler errors reach the answer subject
+// with the delivery's ID.
+func TestWireAnswers(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	h := startHost(t, nc)
+	answers, err := nc.SubscribeSync("mesh.v1.ans.me.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := subjects.DefaultPrefix.Delivery(h.Node(), "echo/y", "s")
+	for _, tc := range []struct{ id, data string }{{"r1", "ping"}, {"r2", "fail"}} {
+		if _, err := request(t, nc, subj, map[string]string{HeaderID: tc.id, HeaderAnswerTo: "mesh.v1.ans.me.1", HeaderExpectResponse: "true"}, tc.data); err != nil {
+			t.Fatal(err)
+		}
+		m, err := answers.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Header.Get(HeaderID) != tc.id || m.Header.Get(HeaderAnswer) != AnswerResponse {
+			t.Fatalf("answer headers %v", m.Header)
+		}
+		_, verr := verdict.Decode(m.Header)
+		switch tc.data {
+		case "ping":
+			if verr != nil || string(m.Data) != "ping" {
+				t.Errorf("response %q %v", m.Data, verr)
+			}
+		case "fail":
+			if !errors.Is(verr, verdict.ErrHandler) || verdict.Classify(verr) != verdict.Failed {
+				t.Errorf("handler error answer %v", verr)
+			}
+		}
+	}
+	// The sender identity is derived from the answer subject.
+	h2 := h.senderOf("mesh.v1.ans.me.1")
+	if h2 != "me.1" || h.senderOf("elsewhere.me.1") != "" || h.senderOf("mesh.v1.ans.me.01") != "" {
+		t.Errorf("senderOf = %q", h2)
+	}
+}
+
+func TestDedupeWindowEvicts(t *testing.T) {
+	d := newDedupe(3)
+	for _, id := range []string{"a", "b", "c"} {
+		d.add(id)
+	}
+	if !d.seen("a") || !d.seen("c") {
+		t.Fatal("window lost a recent ID")
+	}
+	d.add("d")
+	if d.seen("a") || !d.seen("b") || !d.seen("d") {
+		t.Error("window did not evict the oldest ID")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	if _, err := New(Config{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("empty config: %v", err)
+	}
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	if _, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "bad name", Generation: 1}}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("bad node: %v", err)
+	}
+	if _, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "a", Generation: 1}, Prefix: "bad..prefix"}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("bad prefix: %v", err)
+	}
+}
