@@ -439,6 +439,17 @@ func (h *Host) fail(e *entry, err error) {
 	}
 }
 
+// Addresses returns the addresses with a live activation, in no order.
+func (h *Host) Addresses() []subjects.Address {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]subjects.Address, 0, len(h.activations))
+	for a := range h.activations {
+		out = append(out, a)
+	}
+	return out
+}
+
 // Stats returns the host's counters.
 func (h *Host) Stats() Stats {
 	h.mu.RLock()

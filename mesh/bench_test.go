@@ -176,6 +176,30 @@ func BenchmarkDistantStreams(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(c.Close)
+	rawResponder(b, s, "raw.far")
+	rawConn := natstest.ConnectURL(b, p.URL())
+	for _, streams := range []int{1, 64} {
+		b.Run(fmt.Sprintf("raw/requesters=%d", streams), func(b *testing.B) {
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for w := 0; w < streams; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for next.Add(1) <= int64(b.N) {
+						if _, err := rawConn.Request("raw.far", payload128, 5*time.Second); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
+		})
+	}
 	for _, streams := range []int{1, 64} {
 		b.Run(fmt.Sprintf("streams=%d", streams), func(b *testing.B) {
 			var next atomic.Int64

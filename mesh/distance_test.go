@@ -142,4 +142,3 @@ func TestDistantStreamsOverlap(t *testing.T) {
 		t.Errorf("max legs in flight in one stream %d, want 1", maxPerStream)
 	}
 }
-

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -34,14 +37,39 @@ type NodeConfig struct {
 	Host hub.Config
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
+	// DisableIngress turns off serving <prefix>.in.*.* (on by default).
+	DisableIngress bool
+	// DisableControl turns off the micro service and control endpoints
+	// (on by default).
+	DisableControl bool
+	// OnDrainRequest runs when a drain is requested over the control
+	// subject (meshctl drain); nil means Drain with DefaultDrainTimeout.
+	// A daemon sets it to begin its own shutdown.
+	OnDrainRequest func()
+	// IngressConcurrency bounds ingress deliveries forwarded at once;
+	// zero means DefaultIngressConcurrency.
+	IngressConcurrency int
 }
 
 // Node is one mesh process: a hub host that receives deliveries for its node
 // generation and a client that sends them. Safe for concurrent use.
 type Node struct {
 	*Client
-	host *hub.Host
-	id   subjects.NodeID
+	cfg     NodeConfig
+	host    *hub.Host
+	id      subjects.NodeID
+	conn    *nats.Conn
+	prefix  subjects.Prefix
+	log     *slog.Logger
+	started time.Time
+
+	ingressSub   *nats.Subscription
+	ingressSem   chan struct{}
+	ingressWG    sync.WaitGroup
+	ingressCount atomic.Int64
+	svc          micro.Service
+	draining     atomic.Bool
+	stopOnce     sync.Once
 }
 
 // NewNode validates cfg and builds a node; register hub kinds with
@@ -58,6 +86,12 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = subjects.DefaultPrefix
+	}
+	if cfg.IngressConcurrency <= 0 {
+		cfg.IngressConcurrency = DefaultIngressConcurrency
+	}
 	hc := cfg.Host
 	hc.Conn, hc.Node, hc.Prefix, hc.Logger = cfg.Conn, id, cfg.Prefix, cfg.Logger
 	h, err := hub.New(hc)
@@ -72,7 +106,11 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Node{Client: c, host: h, id: id}, nil
+	return &Node{
+		Client: c, cfg: cfg, host: h, id: id, conn: cfg.Conn, prefix: cfg.Prefix,
+		log: cfg.Logger.With("node", id.String()), started: time.Now(),
+		ingressSem: make(chan struct{}, cfg.IngressConcurrency),
+	}, nil
 }
 
 // ID returns the node generation.
@@ -84,14 +122,38 @@ func (n *Node) Host() *hub.Host { return n.host }
 // Register installs the hub factory for an address kind.
 func (n *Node) Register(kind string, f hub.Factory) error { return n.host.Register(kind, f) }
 
-// Start subscribes the node's delivery subject.
-func (n *Node) Start() error { return n.host.Start() }
+// Start subscribes the node's delivery subject, then (unless disabled) the
+// ingress and the control service. On error everything started is stopped.
+func (n *Node) Start() error {
+	if err := n.host.Start(); err != nil {
+		return err
+	}
+	if !n.cfg.DisableIngress {
+		if err := n.serveIngress(); err != nil {
+			n.Close()
+			return fmt.Errorf("mesh: ingress: %w", err)
+		}
+	}
+	if !n.cfg.DisableControl {
+		if err := n.serveControl(); err != nil {
+			n.Close()
+			return fmt.Errorf("mesh: control service: %w", err)
+		}
+	}
+	return n.conn.Flush()
+}
 
-// Drain refuses new deliveries ShuttingDown, settles the accepted ones
-// (handled, or failed late with ShuttingDown once ctx ends) and closes the
-// client. It returns ctx's error if ctx ended before everything settled.
+// Drain stops taking ingress and control requests, refuses new deliveries
+// ShuttingDown, settles the accepted ones (handled, or failed late with
+// ShuttingDown once ctx ends), waits for forwarded ingress deliveries and
+// closes the client. It does not close the NATS connection, which the caller
+// owns. It returns ctx's error if ctx ended before everything settled. Safe
+// to call more than once.
 func (n *Node) Drain(ctx context.Context) error {
+	n.draining.Store(true)
+	n.stopServing()
 	err := n.host.Drain(ctx)
+	n.ingressWG.Wait()
 	n.Client.Close()
 	return err
 }
@@ -99,7 +161,21 @@ func (n *Node) Drain(ctx context.Context) error {
 // Close stops the node at once: queued deliveries fail late with
 // ShuttingDown. Safe to call more than once.
 func (n *Node) Close() error {
+	n.draining.Store(true)
+	n.stopServing()
 	n.host.Close()
 	n.Client.Close()
+	n.ingressWG.Wait()
 	return nil
+}
+
+func (n *Node) stopServing() {
+	n.stopOnce.Do(func() {
+		if n.ingressSub != nil {
+			_ = n.ingressSub.Unsubscribe()
+		}
+		if n.svc != nil {
+			_ = n.svc.Stop()
+		}
+	})
 }

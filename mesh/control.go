@@ -1,0 +1,171 @@
+package mesh
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/natsmesh/natsmesh/hub"
+)
+
+// Version is the natsmesh version nodes announce (semantic versioning).
+const Version = "0.1.0"
+
+// ServiceName is the NATS micro service name every node registers, so
+// `nats micro ls`, `nats micro info natsmesh` and `nats micro stats natsmesh`
+// show the nodes.
+const ServiceName = "natsmesh"
+
+// Control endpoints, served by each node on <prefix>.ctl.<node-name>.<verb>;
+// each answers JSON.
+const (
+	ControlPing  = "ping"  // NodeStatus
+	ControlStats = "stats" // NodeStatus
+	ControlHubs  = "hubs"  // HubsReport
+	ControlDrain = "drain" // DrainReply, then the node drains
+)
+
+// ControlSubject returns <prefix>.ctl.<name>.<verb>.
+func (n *Node) ControlSubject(verb string) string {
+	return n.prefix.Sub("ctl." + n.id.Name + "." + verb)
+}
+
+// Metadata keys of the micro service.
+const (
+	MetaNode   = "node"   // "name.gen"
+	MetaPrefix = "prefix" // subject prefix
+)
+
+// NodeStatus is a node's identity and counters, as served by the ping and
+// stats control endpoints.
+type NodeStatus struct {
+	Node       string      `json:"node"`
+	Name       string      `json:"name"`
+	Generation uint64      `json:"generation"`
+	Prefix     string      `json:"prefix"`
+	Version    string      `json:"version"`
+	Started    time.Time   `json:"started"`
+	Kinds      []string    `json:"kinds"`
+	Draining   bool        `json:"draining"`
+	Host       hub.Stats   `json:"host"`
+	Client     ClientStats `json:"client"`
+	Saturation Saturation  `json:"saturation"`
+	Ingress    int64       `json:"ingress"` // ingress messages taken
+}
+
+// HubsReport lists a node's hub kinds and live activations.
+type HubsReport struct {
+	Node        string   `json:"node"`
+	Kinds       []string `json:"kinds"`
+	Activations int      `json:"activations"`
+	// Addresses are the activated addresses, sorted, at most MaxListed.
+	Addresses []string `json:"addresses"`
+	Truncated bool     `json:"truncated"`
+}
+
+// MaxListed bounds the addresses a HubsReport lists.
+const MaxListed = 1000
+
+// DrainReply acknowledges a drain request; the drain runs after the reply.
+type DrainReply struct {
+	Node     string `json:"node"`
+	Draining bool   `json:"draining"`
+}
+
+// Status returns the node's identity and counters.
+func (n *Node) Status() NodeStatus {
+	kinds := n.host.Kinds()
+	slices.Sort(kinds)
+	return NodeStatus{
+		Node: n.id.String(), Name: n.id.Name, Generation: n.id.Generation,
+		Prefix: string(n.prefix), Version: Version, Started: n.started, Kinds: kinds,
+		Draining: n.draining.Load(), Host: n.host.Stats(), Client: n.Client.Stats(),
+		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(),
+	}
+}
+
+// Hubs returns the node's kinds and activations.
+func (n *Node) Hubs() HubsReport {
+	kinds := n.host.Kinds()
+	slices.Sort(kinds)
+	addrs := n.host.Addresses()
+	r := HubsReport{Node: n.id.String(), Kinds: kinds, Activations: len(addrs)}
+	slices.Sort(addrs)
+	if len(addrs) > MaxListed {
+		addrs, r.Truncated = addrs[:MaxListed], true
+	}
+	for _, a := range addrs {
+		r.Addresses = append(r.Addresses, string(a))
+	}
+	return r
+}
+
+// serveControl registers the node as a NATS micro service with its control
+// endpoints.
+func (n *Node) serveControl() error {
+	svc, err := micro.AddService(n.conn, micro.Config{
+		Name:        ServiceName,
+		Version:     Version,
+		Description: "natsmesh node " + n.id.String(),
+		Metadata: map[string]string{
+			MetaNode:     n.id.String(),
+			MetaPrefix:   string(n.prefix),
+			"name":       n.id.Name,
+			"generation": strconv.FormatUint(n.id.Generation, 10),
+		},
+	})
+	if err != nil {
+		return err
+	}
+	n.svc = svc
+	add := func(verb string, h func(micro.Request)) error {
+		return svc.AddEndpoint(verb, micro.HandlerFunc(h), micro.WithEndpointSubject(n.ControlSubject(verb)), micro.WithEndpointQueueGroupDisabled())
+	}
+	respond := func(req micro.Request, v any) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			_ = req.Error("500", err.Error(), nil)
+			return
+		}
+		_ = req.Respond(b)
+	}
+	for _, e := range []struct {
+		verb string
+		h    func(micro.Request)
+	}{
+		{ControlPing, func(r micro.Request) { respond(r, n.Status()) }},
+		{ControlStats, func(r micro.Request) { respond(r, n.Status()) }},
+		{ControlHubs, func(r micro.Request) { respond(r, n.Hubs()) }},
+		{ControlDrain, func(r micro.Request) {
+			respond(r, DrainReply{Node: n.id.String(), Draining: true})
+			go n.onDrain()
+		}},
+	} {
+		if err := add(e.verb, e.h); err != nil {
+			_ = svc.Stop()
+			return err
+		}
+	}
+	return nil
+}
+
+// onDrain runs a drain requested over the control subject.
+func (n *Node) onDrain() {
+	if f := n.cfg.OnDrainRequest; f != nil {
+		f()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultDrainTimeout)
+	defer cancel()
+	if err := n.Drain(ctx); err != nil {
+		n.log.Warn("drain requested over control ended early", "err", err)
+	}
+}
+
+// DefaultDrainTimeout bounds a drain requested over the control subject when
+// NodeConfig.OnDrainRequest is nil.
+const DefaultDrainTimeout = 30 * time.Second

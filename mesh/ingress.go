@@ -1,0 +1,99 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// IngressQueueGroup is the queue group in which nodes serve the ingress.
+const IngressQueueGroup = "natsmesh-ingress"
+
+// DefaultIngressConcurrency bounds the ingress deliveries one node forwards
+// at once; beyond it the ingress answers Ignored (verdict.ErrInboxFull).
+const DefaultIngressConcurrency = 4096
+
+// serveIngress subscribes <prefix>.in.*.* in the ingress queue group: any
+// NATS client can deliver without the Go library (DESIGN §2). The node that
+// takes a message resolves the owner, forwards it as a delivery (retrying
+// refusals like any sender) and answers the client with the owner's verdict,
+// and for Mesh-Expect-Response with the handler's response as payload.
+func (n *Node) serveIngress() error {
+	sub, err := n.conn.QueueSubscribe(n.prefix.IngressSubscription(), IngressQueueGroup, n.ingress)
+	if err != nil {
+		return err
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	n.ingressSub = sub
+	return nil
+}
+
+func (n *Node) ingress(m *nats.Msg) {
+	n.ingressCount.Add(1)
+	addr, stream, err := n.prefix.ParseIngress(m.Subject)
+	if err != nil {
+		n.answerIngress(m, "", "", &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: err.Error()}, nil)
+		return
+	}
+	select {
+	case n.ingressSem <- struct{}{}:
+	default:
+		n.answerIngress(m, "", "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full", n.id), nil)
+		return
+	}
+	n.ingressWG.Add(1)
+	go func() {
+		defer n.ingressWG.Done()
+		defer func() { <-n.ingressSem }()
+		n.forward(m, addr, stream)
+	}()
+}
+
+func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Stream) {
+	h := m.Header
+	d := Delivery{To: addr, Stream: stream, Payload: m.Data}
+	if h != nil {
+		d.ID = h.Get(hub.HeaderID)
+		d.Type = h.Get(hub.HeaderType)
+		d.From = subjects.Address(h.Get(hub.HeaderFrom))
+	}
+	ctx := context.Background()
+	if h != nil && h.Get(hub.HeaderExpectResponse) == "true" {
+		resp, err := n.Client.Request(ctx, d)
+		n.answerIngress(m, resp.ID, nodeOf(resp.Receipt), err, resp.Payload)
+		return
+	}
+	r, err := n.Client.Deliver(ctx, d)
+	n.answerIngress(m, r.ID, nodeOf(r), err, nil)
+}
+
+func nodeOf(r Receipt) string {
+	if r.Node.IsZero() {
+		return ""
+	}
+	return r.Node.String()
+}
+
+// answerIngress replies to an outside client with a verdict (and payload),
+// echoing the delivery ID so the client can re-send under the same ID.
+func (n *Node) answerIngress(m *nats.Msg, id, node string, err error, payload []byte) {
+	if m.Reply == "" {
+		if err != nil {
+			n.log.Warn("ingress delivery failed; the client asked no reply", "subject", m.Subject, "err", err)
+		}
+		return
+	}
+	r := &nats.Msg{Subject: m.Reply, Header: nats.Header{}, Data: payload}
+	if id != "" {
+		r.Header.Set(hub.HeaderID, id)
+	}
+	verdict.Encode(r.Header, err, node)
+	if perr := n.conn.PublishMsg(r); perr != nil && !errors.Is(perr, nats.ErrConnectionClosed) {
+		n.log.Warn("ingress reply failed", "subject", m.Subject, "err", perr)
+	}
+}
