@@ -73,6 +73,7 @@ type Client struct {
 	calls      sync.WaitGroup
 
 	retries, accepted, failed atomic.Int64
+	byVerdict                 [5]atomic.Int64 // deliveries ended, by verdict.ErrorType
 }
 
 // NewClient validates cfg, applies opts and subscribes to the client's answer
@@ -165,7 +166,7 @@ func (c *Client) DeliverAsync(ctx context.Context, d Delivery) <-chan Result {
 // begin validates d and joins its lane.
 func (c *Client) begin(d *Delivery) (LaneKey, *laneTicket, error) {
 	if err := c.validate(d); err != nil {
-		c.failed.Add(1)
+		c.count(err)
 		return LaneKey{}, nil, err
 	}
 	c.calls.Add(1)
@@ -188,17 +189,23 @@ func (c *Client) run(ctx context.Context, d *Delivery, key LaneKey, t *laneTicke
 		deadline = time.Now().Add(c.opts.requestTimeout)
 	}
 	if err := c.waitLane(ctx, deadline, key, t); err != nil {
-		c.failed.Add(1)
+		c.count(err)
 		return Receipt{ID: d.ID}, fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
 	}
 	defer c.releaseLane(key, t)
 	r, err := c.attempts(ctx, deadline, d, expectResponse)
+	c.count(err)
+	return r, err
+}
+
+// count records how a delivery ended.
+func (c *Client) count(err error) {
 	if err != nil {
 		c.failed.Add(1)
 	} else {
 		c.accepted.Add(1)
 	}
-	return r, err
+	c.byVerdict[verdict.Classify(err)].Add(1)
 }
 
 func (c *Client) validate(d *Delivery) error {
@@ -356,14 +363,21 @@ func (c *Client) Closed() <-chan struct{} { return c.closed }
 
 // ClientStats are the client's cumulative counters.
 type ClientStats struct {
-	Accepted int64 // deliveries accepted
-	Failed   int64 // deliveries that ended in a failure verdict
-	Retries  int64 // re-sends after a resendable failure
+	Accepted int64 `json:"accepted"` // deliveries accepted
+	Failed   int64 `json:"failed"`   // deliveries that ended in a failure verdict
+	Retries  int64 `json:"retries"`  // re-sends after a resendable failure
+	// ByVerdict counts ended deliveries by verdict name ("Accepted",
+	// "Failed", "ShuttingDown", "Unavailable", "Ignored").
+	ByVerdict map[string]int64 `json:"by_verdict"`
 }
 
 // Stats returns the client's counters.
 func (c *Client) Stats() ClientStats {
-	return ClientStats{Accepted: c.accepted.Load(), Failed: c.failed.Load(), Retries: c.retries.Load()}
+	s := ClientStats{Accepted: c.accepted.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), ByVerdict: map[string]int64{}}
+	for t := range c.byVerdict {
+		s.ByVerdict[verdict.ErrorType(t).String()] = c.byVerdict[t].Load()
+	}
+	return s
 }
 
 // sleep backs off for d on the injected clock, bounded by deadline; Close

@@ -12,8 +12,8 @@ import (
 // LaneKey is the identity of a lane: the pair (address, stream), a struct
 // key and never a joined string (DESIGN §1).
 type LaneKey struct {
-	Addr   subjects.Address
-	Stream subjects.Stream
+	Addr   subjects.Address `json:"address"`
+	Stream subjects.Stream  `json:"stream"`
 }
 
 // laneKeyOf reads a delivery's lane identity. The storm breaker reads stream

@@ -18,16 +18,16 @@ const DefaultSaturationThreshold = 64
 // information: together they tell breadth (many destinations, shallow lanes)
 // from head-of-line blocking (one deep lane).
 type Saturation struct {
-	LegsInFlight int     // legs sent and not yet answered
-	PeakInFlight int     // the most legs in flight at once since the client started
-	MaxInFlight  int     // the cap on LegsInFlight
-	Lanes        int     // lanes holding work (in flight or waiting)
-	Destinations int     // distinct addresses among those lanes
-	Deepest      LaneKey // the lane with the most deliveries (in flight + waiting)
-	DeepestDepth int     // its depth
-	Episode      uint64  // saturation episodes opened so far
-	Saturated    bool    // an episode is open now
-	Threshold    int     // legs in flight that open an episode
+	LegsInFlight int     `json:"legs_in_flight"` // legs sent and not yet answered
+	PeakInFlight int     `json:"peak_in_flight"` // the most legs in flight at once since the client started
+	MaxInFlight  int     `json:"max_in_flight"`  // the cap on LegsInFlight
+	Lanes        int     `json:"lanes"`          // lanes holding work (in flight or waiting)
+	Destinations int     `json:"destinations"`   // distinct addresses among those lanes
+	Deepest      LaneKey `json:"deepest"`        // the lane with the most deliveries (in flight + waiting)
+	DeepestDepth int     `json:"deepest_depth"`  // its depth
+	Episode      uint64  `json:"episode"`        // saturation episodes opened so far
+	Saturated    bool    `json:"saturated"`      // an episode is open now
+	Threshold    int     `json:"threshold"`      // legs in flight that open an episode
 }
 
 // saturation latches episodes: one log line when legs in flight cross the

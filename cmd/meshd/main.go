@@ -1,0 +1,224 @@
+// Command meshd runs one natsmesh node: on an embedded NATS server with
+// JetStream by default, or joined to an external NATS cluster with
+// --nats-url. SIGTERM or SIGINT drains within --drain-timeout; a second
+// signal exits at once.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/spf13/cobra"
+
+	"github.com/natsmesh/natsmesh/daemon"
+	"github.com/natsmesh/natsmesh/hubs"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, nil))
+}
+
+// options are meshd's flags.
+type options struct {
+	name, prefix, hubs, natsURL, listen, dataDir         string
+	creds, nkey, user, password, tlsCert, tlsKey, tlsCA string
+	http, logFormat, logLevel                            string
+	drainTimeout                                         time.Duration
+}
+
+// env returns the environment variable's value, or def.
+func env(key, def string) string {
+	if v, ok := os.LookupEnv(key); ok {
+		return v
+	}
+	return def
+}
+
+// defaultName is the host name, cut to a valid node name.
+func defaultName() string {
+	h, _ := os.Hostname()
+	var b strings.Builder
+	for _, r := range h {
+		if r < 128 && (r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			b.WriteRune(r)
+		}
+		if b.Len() == 64 {
+			break
+		}
+	}
+	if b.Len() == 0 {
+		return "meshd"
+	}
+	return b.String()
+}
+
+// newRootCmd builds the meshd command. ready, if set, receives the running
+// node's Info (tests use it).
+func newRootCmd(stdout, stderr io.Writer, ready func(daemon.Info)) *cobra.Command {
+	var o options
+	cmd := &cobra.Command{
+		Use:   "meshd",
+		Short: "Run a natsmesh node",
+		Long: `meshd runs one natsmesh node.
+
+By default it starts an embedded NATS server (JetStream on, loopback only,
+store in --data-dir) and prints its client URL; --nats-url joins an external
+NATS cluster instead. The node hosts the hub kinds in --hubs, serves the
+ingress (<prefix>.in.<addr>.<stream>) for any NATS client, registers as the
+NATS micro service "natsmesh", and serves Prometheus /metrics, /healthz and
+/readyz on --http.
+
+SIGTERM or SIGINT drains: new deliveries are refused ShuttingDown, accepted
+ones are settled, then the NATS connection drains; --drain-timeout bounds
+it. A second signal exits at once.
+
+Every flag can also be set by the environment variable in its help text.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return serve(cmd.Context(), o, stdout, stderr, ready)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.name, "name", env("MESHD_NAME", defaultName()), "node name, [A-Za-z0-9_-]{1,64} (MESHD_NAME)")
+	f.StringVar(&o.prefix, "prefix", env("MESHD_PREFIX", string(subjects.DefaultPrefix)), "subject prefix (MESHD_PREFIX)")
+	f.StringVar(&o.hubs, "hubs", env("MESHD_HUBS", strings.Join(hubs.Names(), ",")), "comma-separated hub kinds to host (MESHD_HUBS)")
+	f.StringVar(&o.natsURL, "nats-url", env("MESHD_NATS_URL", ""), "join this external NATS cluster instead of running an embedded server; comma-separated URLs (MESHD_NATS_URL)")
+	f.StringVar(&o.listen, "listen", env("MESHD_LISTEN", daemon.DefaultListen), "embedded NATS server client address (MESHD_LISTEN)")
+	f.StringVar(&o.dataDir, "data-dir", env("MESHD_DATA_DIR", daemon.DefaultDataDir), "embedded NATS server JetStream directory (MESHD_DATA_DIR)")
+	f.StringVar(&o.creds, "creds", env("MESHD_CREDS", ""), "NATS credentials file (MESHD_CREDS)")
+	f.StringVar(&o.nkey, "nkey", env("MESHD_NKEY", ""), "NATS nkey seed file (MESHD_NKEY)")
+	f.StringVar(&o.user, "user", env("MESHD_USER", ""), "NATS user (MESHD_USER)")
+	f.StringVar(&o.password, "password", env("MESHD_PASSWORD", ""), "NATS password (MESHD_PASSWORD)")
+	f.StringVar(&o.tlsCert, "tls-cert", env("MESHD_TLS_CERT", ""), "TLS client certificate file (MESHD_TLS_CERT)")
+	f.StringVar(&o.tlsKey, "tls-key", env("MESHD_TLS_KEY", ""), "TLS client key file (MESHD_TLS_KEY)")
+	f.StringVar(&o.tlsCA, "tls-ca", env("MESHD_TLS_CA", ""), "TLS CA file to verify the NATS servers (MESHD_TLS_CA)")
+	f.StringVar(&o.http, "http", env("MESHD_HTTP", "127.0.0.1:7070"), "address of /metrics, /healthz, /readyz; empty disables (MESHD_HTTP)")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", daemon.DefaultDrainTimeout, "bound on the drain at shutdown (MESHD_DRAIN_TIMEOUT)")
+	f.StringVar(&o.logFormat, "log-format", env("MESHD_LOG_FORMAT", "auto"), "auto (text on a terminal, else JSON), text or json (MESHD_LOG_FORMAT)")
+	f.StringVar(&o.logLevel, "log-level", env("MESHD_LOG_LEVEL", "info"), "debug, info, warn or error (MESHD_LOG_LEVEL)")
+	if v, ok := os.LookupEnv("MESHD_DRAIN_TIMEOUT"); ok {
+		_ = f.Set("drain-timeout", v)
+	}
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{err}
+	})
+	return cmd
+}
+
+type usageError struct{ error }
+
+func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(daemon.Info)) error {
+	logger, err := newLogger(o.logFormat, o.logLevel, stderr)
+	if err != nil {
+		return usageError{err}
+	}
+	var kinds []string
+	for k := range strings.SplitSeq(o.hubs, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			kinds = append(kinds, k)
+		}
+	}
+	cfg := daemon.Config{
+		Name: o.name, Prefix: subjects.Prefix(o.prefix), Hubs: kinds,
+		NATSURL: o.natsURL, Listen: o.listen, DataDir: o.dataDir,
+		CredsFile: o.creds, NKeyFile: o.nkey, User: o.user, Password: o.password,
+		TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSCA: o.tlsCA,
+		HTTP: o.http, DrainTimeout: o.drainTimeout, Logger: logger,
+		Ready: func(info daemon.Info) {
+			if info.Embedded {
+				fmt.Fprintf(stdout, "meshd: node %s serving on embedded NATS at %s\n", info.Node, info.NATSURL)
+			} else {
+				fmt.Fprintf(stdout, "meshd: node %s serving on NATS at %s\n", info.Node, info.NATSURL)
+			}
+			if ready != nil {
+				ready(info)
+			}
+		},
+	}
+	err = daemon.Run(ctx, cfg)
+	if errors.Is(err, daemon.ErrInvalidConfig) {
+		return usageError{err}
+	}
+	return err
+}
+
+func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "auto":
+		if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+			return slog.New(slog.NewTextHandler(w, opts)), nil
+		}
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want auto, text or json", format)
+}
+
+// run executes meshd with args and returns the exit code: 0 after a clean
+// drain, 1 for bad usage or configuration, 2 when the node could not start
+// or its drain was cut short. signals, if nil, are SIGTERM and SIGINT.
+func run(args []string, stdout, stderr io.Writer, sig <-chan os.Signal) int {
+	return runWith(args, stdout, stderr, sig, nil)
+}
+
+func runWith(args []string, stdout, stderr io.Writer, sig <-chan os.Signal, ready func(daemon.Info)) int {
+	if sig == nil {
+		ch := make(chan os.Signal, 2)
+		signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+		defer signal.Stop(ch)
+		sig = ch
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		s, ok := <-sig
+		if !ok {
+			return
+		}
+		fmt.Fprintf(stderr, "meshd: %v: draining (send again to exit at once)\n", s)
+		cancel()
+		if _, ok := <-sig; ok {
+			fmt.Fprintln(stderr, "meshd: second signal: exiting now")
+			os.Exit(130)
+		}
+	}()
+	cmd := newRootCmd(stdout, stderr, ready)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(stderr, "meshd: %s\n", oneLine(err))
+	var ue usageError
+	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") {
+		fmt.Fprintln(stderr, "see meshd --help")
+		return 1
+	}
+	return 2
+}
+
+func oneLine(err error) string {
+	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
+}

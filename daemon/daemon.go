@@ -1,0 +1,371 @@
+// Package daemon runs one mesh node as a process (DESIGN §8): on an embedded
+// NATS server with JetStream by default, or joined to an external NATS
+// cluster; with Prometheus /metrics, /healthz and /readyz over HTTP, structured
+// logs, the ingress and the control service; and a drain with a deadline on
+// shutdown. cmd/meshd is flags over this package, and a Go service can embed
+// it to run a node with its own hub kinds (Config.Kinds).
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/hubs"
+	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultListen       = "127.0.0.1:4222"
+	DefaultDataDir      = "meshd-data"
+	DefaultDrainTimeout = 30 * time.Second
+)
+
+// ErrInvalidConfig: a Config field is invalid.
+var ErrInvalidConfig = errors.New("daemon: invalid config")
+
+// Config holds a node process's settings. Name is required; every zero field
+// means its documented default.
+type Config struct {
+	// Name is the node name, [A-Za-z0-9_-]{1,64}. Required.
+	Name string
+	// Prefix is the subject prefix; zero means subjects.DefaultPrefix.
+	Prefix subjects.Prefix
+	// Hubs are the kinds this node hosts, among the built-in kinds and
+	// Kinds; nil means all of them.
+	Hubs []string
+	// Kinds are Go hub kinds of an embedding service, by kind name, in
+	// addition to the built-in ones (package hubs).
+	Kinds map[string]hub.Factory
+
+	// NATSURL joins an external NATS cluster (comma-separated URLs);
+	// empty means run an embedded server.
+	NATSURL string
+	// Listen is the embedded server's client address; zero means
+	// DefaultListen (loopback). Port 0 picks a free port.
+	Listen string
+	// DataDir holds the embedded server's JetStream store; zero means
+	// DefaultDataDir.
+	DataDir string
+	// Credentials for an external cluster, passed to nats.go: a
+	// credentials file, an nkey seed file, or user and password.
+	CredsFile, NKeyFile, User, Password string
+	// TLS for an external cluster: client certificate and key, and a CA
+	// file to verify the servers.
+	TLSCert, TLSKey, TLSCA string
+
+	// HTTP is the address of /metrics, /healthz and /readyz; empty
+	// disables the HTTP server.
+	HTTP string
+	// DrainTimeout bounds the drain on shutdown; zero means
+	// DefaultDrainTimeout.
+	DrainTimeout time.Duration
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Ready, if set, is called once the node serves.
+	Ready func(Info)
+}
+
+// Info describes a running node.
+type Info struct {
+	Node     subjects.NodeID
+	NATSURL  string // the client URL of the NATS server the node uses
+	Embedded bool   // the server runs in this process
+	HTTPAddr string // the bound HTTP address, or ""
+	Kinds    []string
+}
+
+func (c *Config) validate() error {
+	if err := subjects.ValidateNodeName(c.Name); err != nil {
+		return fmt.Errorf("%w: name: %w", ErrInvalidConfig, err)
+	}
+	if c.Prefix == "" {
+		c.Prefix = subjects.DefaultPrefix
+	}
+	if err := c.Prefix.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return fmt.Errorf("%w: a TLS client certificate needs both cert and key", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// kinds resolves the hub kinds to host.
+func (c *Config) kinds() (map[string]hub.Factory, error) {
+	all := hubs.Builtin()
+	for k, f := range c.Kinds {
+		all[k] = f
+	}
+	if c.Hubs == nil {
+		return all, nil
+	}
+	out := map[string]hub.Factory{}
+	for _, k := range c.Hubs {
+		k = strings.TrimSpace(k)
+		if k == "" {
+			continue
+		}
+		f, ok := all[k]
+		if !ok {
+			return nil, fmt.Errorf("%w: unknown hub kind %q (known: %s)", ErrInvalidConfig, k, strings.Join(keys(all), ", "))
+		}
+		out[k] = f
+	}
+	return out, nil
+}
+
+// Run starts the node and blocks until ctx ends or a drain is requested over
+// the control subject; then it drains within DrainTimeout (new deliveries are
+// refused ShuttingDown, accepted ones are settled), drains the NATS
+// connection and stops the embedded server. It returns nil after a clean
+// drain, the drain's error if the deadline cut it short, or the start-up
+// error (invalid config, NATS unreachable, port in use).
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	kinds, err := cfg.kinds()
+	if err != nil {
+		return err
+	}
+	log := cfg.Logger
+	info := Info{Kinds: keys(kinds)}
+
+	var ns *server.Server
+	url := cfg.NATSURL
+	if url == "" {
+		ns, err = startEmbedded(cfg)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}()
+		url, info.Embedded = ns.ClientURL(), true
+		log.Info("embedded NATS server running", "url", url, "jetstream_dir", cfg.DataDir)
+	}
+	nc, err := connect(cfg, url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	info.NATSURL = nc.ConnectedUrlRedacted()
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	node, err := mesh.NewNode(mesh.NodeConfig{
+		Conn: nc, Name: cfg.Name, Prefix: cfg.Prefix, Logger: log,
+		OnDrainRequest: func() {
+			log.Info("drain requested over the control subject")
+			stop()
+		},
+	})
+	if err != nil {
+		return err
+	}
+	for k, f := range kinds {
+		if err := node.Register(k, f); err != nil {
+			return err
+		}
+	}
+	if err := node.Start(); err != nil {
+		return fmt.Errorf("daemon: start node: %w", err)
+	}
+	info.Node = node.ID()
+
+	var ready atomic.Bool
+	var httpSrv *http.Server
+	if cfg.HTTP != "" {
+		ln, err := net.Listen("tcp", cfg.HTTP)
+		if err != nil {
+			_ = node.Close()
+			return fmt.Errorf("daemon: http: %w", err)
+		}
+		info.HTTPAddr = ln.Addr().String()
+		httpSrv = &http.Server{Handler: handler(node, nc, &ready), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server failed", "err", err)
+			}
+		}()
+	}
+	ready.Store(true)
+	log.Info("meshd node serving", "node", node.ID().String(), "nats", info.NATSURL, "kinds", strings.Join(info.Kinds, ","), "http", info.HTTPAddr, "prefix", string(cfg.Prefix))
+	if cfg.Ready != nil {
+		cfg.Ready(info)
+	}
+
+	<-runCtx.Done()
+	ready.Store(false)
+	log.Info("draining", "deadline", cfg.DrainTimeout.String())
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+	defer cancel()
+	derr := node.Drain(dctx)
+	if err := nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		log.Warn("NATS drain", "err", err)
+	}
+	for nc.IsDraining() && dctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if httpSrv != nil {
+		_ = httpSrv.Shutdown(dctx)
+	}
+	if derr != nil {
+		log.Warn("drain cut short by its deadline", "err", derr)
+		return fmt.Errorf("daemon: drain: %w", derr)
+	}
+	log.Info("drained")
+	return nil
+}
+
+// startEmbedded runs a nats-server in this process on cfg.Listen with
+// JetStream in cfg.DataDir.
+func startEmbedded(cfg Config) (*server.Server, error) {
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("%w: listen %q: %w", ErrInvalidConfig, cfg.Listen, err)
+	}
+	// nats-server reports a busy port only in its log; check first so the
+	// error is clear.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: embedded NATS server cannot listen on %s: %w", cfg.Listen, err)
+	}
+	p := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("daemon: data dir: %w", err)
+	}
+	opts := &server.Options{
+		ServerName: "meshd-" + cfg.Name,
+		Host:       host,
+		Port:       p,
+		JetStream:  true,
+		StoreDir:   cfg.DataDir,
+		NoSigs:     true,
+		NoLog:      true,
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(15 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("daemon: embedded NATS server on %s not ready in 15s", cfg.Listen)
+	}
+	return ns, nil
+}
+
+// connect dials NATS with the configured credentials; it reconnects forever.
+func connect(cfg Config, url string) (*nats.Conn, error) {
+	log := cfg.Logger
+	opts := []nats.Option{
+		nats.Name("meshd " + cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("NATS disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subj := ""
+			if sub != nil {
+				subj = sub.Subject
+			}
+			log.Error("NATS async error", "subject", subj, "err", err)
+		}),
+	}
+	if cfg.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	}
+	if cfg.NKeyFile != "" {
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("daemon: nkey: %w", err)
+		}
+		opts = append(opts, o)
+	}
+	if cfg.User != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.TLSCert != "" {
+		opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
+	}
+	if cfg.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLSCA))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: connect to NATS at %s: %w", url, err)
+	}
+	return nc, nil
+}
+
+// handler serves /metrics, /healthz and /readyz.
+func handler(node *mesh.Node, nc *nats.Conn, ready *atomic.Bool) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newCollector(node))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if nc.IsClosed() {
+			http.Error(w, "NATS connection closed", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case !ready.Load():
+			http.Error(w, "not ready (starting or draining)", http.StatusServiceUnavailable)
+		case !nc.IsConnected():
+			http.Error(w, "NATS "+nc.Status().String(), http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintln(w, "ready")
+		}
+	})
+	return mux
+}
+
+func keys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,81 @@
+package daemon
+
+import (
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/natsmesh/natsmesh/mesh"
+)
+
+// collector reads a node's counters on each scrape: the delivery path pays
+// nothing for metrics.
+type collector struct {
+	node *mesh.Node
+
+	deliveries, retries, legs, peakLegs, lanes, destinations, deepest, episodes *prometheus.Desc
+	accepted, dedupe, refused, handled, late, activations, queued, deactivated *prometheus.Desc
+	ingress                                                                    *prometheus.Desc
+}
+
+func newCollector(n *mesh.Node) *collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("natsmesh_"+name, help, labels, nil)
+	}
+	return &collector{
+		node:         n,
+		deliveries:   d("deliveries_total", "Deliveries sent by this node, by final verdict.", "verdict"),
+		retries:      d("retries_total", "Re-sends after a resendable failure."),
+		legs:         d("legs_in_flight", "Legs (requests) sent and not yet answered."),
+		peakLegs:     d("legs_in_flight_peak", "The most legs in flight at once since start."),
+		lanes:        d("lanes", "Sender lanes holding work."),
+		destinations: d("lane_destinations", "Distinct addresses among the lanes."),
+		deepest:      d("deepest_lane_depth", "Deliveries in the deepest lane."),
+		episodes:     d("saturation_episodes_total", "Saturation episodes opened."),
+		accepted:     d("hub_accepted_total", "Deliveries accepted by this node's hubs."),
+		dedupe:       d("hub_dedupe_hits_total", "Deliveries answered Accepted again from the dedupe window."),
+		refused:      d("hub_refused_total", "Deliveries refused before acceptance."),
+		handled:      d("hub_handled_total", "Deliveries whose handler returned."),
+		late:         d("hub_late_verdicts_total", "Late verdicts sent after acceptance."),
+		activations:  d("activations", "Live activations on this node."),
+		queued:       d("hub_queued", "Accepted deliveries not yet handled."),
+		deactivated:  d("deactivations_total", "Activations collected or closed."),
+		ingress:      d("ingress_total", "Messages taken from the ingress."),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.node.Status()
+	counter := func(d *prometheus.Desc, v int64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
+	}
+	gauge := func(d *prometheus.Desc, v int) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+	}
+	names := make([]string, 0, len(s.Client.ByVerdict))
+	for k := range s.Client.ByVerdict {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		counter(c.deliveries, s.Client.ByVerdict[k], k)
+	}
+	counter(c.retries, s.Client.Retries)
+	gauge(c.legs, s.Saturation.LegsInFlight)
+	gauge(c.peakLegs, s.Saturation.PeakInFlight)
+	gauge(c.lanes, s.Saturation.Lanes)
+	gauge(c.destinations, s.Saturation.Destinations)
+	gauge(c.deepest, s.Saturation.DeepestDepth)
+	counter(c.episodes, int64(s.Saturation.Episode))
+	counter(c.accepted, s.Host.Accepted)
+	counter(c.dedupe, s.Host.DedupeHits)
+	counter(c.refused, s.Host.Refused)
+	counter(c.handled, s.Host.Handled)
+	counter(c.late, s.Host.Late)
+	gauge(c.activations, s.Host.Activations)
+	gauge(c.queued, s.Host.Queued)
+	counter(c.deactivated, s.Host.Deactivated)
+	counter(c.ingress, s.Ingress)
+}
