@@ -96,15 +96,15 @@ func (c *Config) validate() error {
 // Stats are a host's counters since start; every field is cumulative except
 // Activations and Queued, which are current.
 type Stats struct {
-	Node        subjects.NodeID
-	Activations int   // live activations
-	Queued      int   // deliveries accepted and not yet settled
-	Accepted    int64 // deliveries accepted (first time)
-	DedupeHits  int64 // deliveries answered Accepted again from the window
-	Refused     int64 // deliveries refused before acceptance
-	Handled     int64 // deliveries whose handler returned
-	Late        int64 // late verdicts sent after acceptance
-	Deactivated int64 // activations collected or closed
+	Node        subjects.NodeID `json:"node"`
+	Activations int             `json:"activations"` // live activations
+	Queued      int             `json:"queued"`      // deliveries accepted and not yet settled
+	Accepted    int64           `json:"accepted"`    // deliveries accepted (first time)
+	DedupeHits  int64           `json:"dedupe_hits"` // deliveries answered Accepted again from the window
+	Refused     int64           `json:"refused"`     // deliveries refused before acceptance
+	Handled     int64           `json:"handled"`     // deliveries whose handler returned
+	Late        int64           `json:"late"`        // late verdicts sent after acceptance
+	Deactivated int64           `json:"deactivated"` // activations collected or closed
 }
 
 // Host receives deliveries for one node generation. It is safe for
