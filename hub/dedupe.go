@@ -3,11 +3,13 @@ package hub
 import "sync"
 
 // DefaultDedupeWindow is the number of most recently accepted delivery IDs a
-// node remembers (per node generation). A delivery whose ID is still in the
-// window is answered Accepted again and not enqueued a second time. The
-// window is counted in deliveries, not time: at 10 000 deliveries/s the
-// default covers about 6.5 s, more than the whole retry ladder (≈9.75 s at
-// lower rates).
+// node generation remembers, across all its addresses. A delivery whose ID is
+// still in the window is answered Accepted again (even while draining: it was
+// accepted) and not enqueued a second time; a repeated request gets no second
+// response. The window is counted in deliveries, not time: at 1 000
+// deliveries/s the default covers 65 s, at 10 000/s about 6.5 s — shorter
+// than the 9.75 s retry ladder, so a node sustaining that rate should raise
+// Config.DedupeWindow (each ID costs about 100 bytes).
 const DefaultDedupeWindow = 1 << 16
 
 // dedupe remembers the last n accepted IDs: a set plus a ring that evicts the

@@ -278,7 +278,7 @@ func (h *Host) parse(m *nats.Msg) (*entry, error) {
 	}
 	if f := hdr.Get(HeaderFrom); f != "" {
 		if err := subjects.Address(f).Validate(); err != nil {
-			return nil, verdict.New(verdict.ReasonBadRequest, "header %s: %v", HeaderFrom, err)
+			return nil, verdict.New(verdict.ReasonInvalidAddress, "header %s: %v", HeaderFrom, err)
 		}
 		e.From = subjects.Address(f)
 	}

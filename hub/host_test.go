@@ -77,7 +77,7 @@ func TestWireIntake(t *testing.T) {
 		{"no Mesh-Id", subj, nil, verdict.ErrBadRequest},
 		{"long Mesh-Id", subj, map[string]string{HeaderID: string(make([]byte, 200))}, verdict.ErrBadRequest},
 		{"bad attempt", subj, map[string]string{HeaderID: "a2", HeaderAttempt: "zero"}, verdict.ErrBadRequest},
-		{"bad from", subj, map[string]string{HeaderID: "a3", HeaderFrom: "nokind"}, verdict.ErrBadRequest},
+		{"bad from", subj, map[string]string{HeaderID: "a3", HeaderFrom: "nokind"}, verdict.ErrInvalidAddress},
 		{"response without answer subject", subj, map[string]string{HeaderID: "a4", HeaderExpectResponse: "true"}, verdict.ErrBadRequest},
 		{"unknown kind", p.Delivery(node, "nope/x", ""), map[string]string{HeaderID: "a5"}, verdict.ErrUnknownKind},
 		{"non-canonical token", "mesh.v1.dlv.h.3.echo=2Fx.=", map[string]string{HeaderID: "a6"}, verdict.ErrInvalidAddress},

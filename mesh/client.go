@@ -213,7 +213,7 @@ func (c *Client) validate(d *Delivery) error {
 		d.ID = c.nuid.next()
 	}
 	if len(d.ID) > hub.MaxIDLen {
-		return verdict.New(verdict.ReasonInvalidAddress, "delivery ID over %d bytes", hub.MaxIDLen)
+		return verdict.New(verdict.ReasonBadRequest, "delivery ID over %d bytes", hub.MaxIDLen)
 	}
 	if err := d.To.Validate(); err != nil {
 		return &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "to: " + err.Error(), Err: err}
@@ -227,7 +227,7 @@ func (c *Client) validate(d *Delivery) error {
 		return &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "stream: " + err.Error(), Err: err}
 	}
 	if len(d.Type) > hub.MaxTypeLen {
-		return verdict.New(verdict.ReasonInvalidAddress, "type over %d bytes", hub.MaxTypeLen)
+		return verdict.New(verdict.ReasonBadRequest, "type over %d bytes", hub.MaxTypeLen)
 	}
 	// nats.go refuses an oversized message itself before sending (mapped
 	// in leg); checking here too gives the clearer error for payloads large

@@ -16,9 +16,10 @@ type Config struct {
 	Conn *nats.Conn
 	// Resolver maps an address to its owner node. Required.
 	Resolver Resolver
-	// Identity names this sender: it stamps Mesh-Sender and names its
-	// answer subject <prefix>.ans.<name>.<gen>. Zero means a fresh
-	// identity "client-<random>" with the start time as generation.
+	// Identity names this sender: it names its answer subject
+	// <prefix>.ans.<name>.<gen>, from which hubs read the sender's
+	// identity. Zero means a fresh identity "client-<random>" with the
+	// start time as generation.
 	Identity subjects.NodeID
 	// Prefix is the subject prefix; zero means subjects.DefaultPrefix.
 	Prefix subjects.Prefix
@@ -173,7 +174,8 @@ func WithLogger(l *slog.Logger) Option {
 // WithLateVerdicts registers f to receive late verdicts of deliveries made
 // with Deliver (a Request gets its own as its error). f runs on the client's
 // answer-dispatch goroutine, one call at a time, never under a client lock; it
-// must not block for long.
+// must not block for long. The late verdict and the Accepted reply travel
+// separately, so f may run before the Deliver that was accepted returns.
 func WithLateVerdicts(f func(LateVerdict)) Option {
 	return func(o *options) error {
 		o.onLate = f

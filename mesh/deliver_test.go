@@ -95,7 +95,7 @@ func TestInvalidInputFailsBeforeSending(t *testing.T) {
 		{Delivery{To: "noslash"}, verdict.ErrInvalidAddress},
 		{Delivery{To: "rec/x", Stream: subjects.Stream(strings.Repeat("s", 300))}, verdict.ErrInvalidAddress},
 		{Delivery{To: "rec/x", From: "bad"}, verdict.ErrInvalidAddress},
-		{Delivery{To: "rec/x", ID: strings.Repeat("i", 200)}, verdict.ErrInvalidAddress},
+		{Delivery{To: "rec/x", ID: strings.Repeat("i", 200)}, verdict.ErrBadRequest},
 		{Delivery{To: "rec/x", Payload: make([]byte, 2048)}, verdict.ErrPayloadTooLarge},
 	}
 	for _, c := range cases {
