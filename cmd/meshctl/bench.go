@@ -1,0 +1,465 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+type benchFlags struct {
+	to       string
+	n, c     int
+	size     int
+	node     string
+	baseline bool
+}
+
+// benchResult is one run of the bench: mesh deliveries or raw requests.
+type benchResult struct {
+	Target         string         `json:"target"`
+	Node           string         `json:"node,omitempty"`
+	Deliveries     int            `json:"deliveries"`
+	Concurrency    int            `json:"concurrency"`
+	Size           int            `json:"size"`
+	ElapsedSeconds float64        `json:"elapsed_seconds"`
+	PerSecond      float64        `json:"per_second"`
+	P50Ms          float64        `json:"p50_ms"`
+	P90Ms          float64        `json:"p90_ms"`
+	P99Ms          float64        `json:"p99_ms"`
+	MaxMs          float64        `json:"max_ms"`
+	Verdicts       map[string]int `json:"verdicts"`
+	Timeouts       int            `json:"timeouts"`
+	PeakInFlight   int            `json:"peak_legs_in_flight,omitempty"`
+
+	elapsed            time.Duration
+	p50, p90, p99, max time.Duration
+}
+
+type benchRatio struct {
+	Throughput float64 `json:"throughput"` // mesh/raw deliveries per second
+	P50        float64 `json:"p50"`        // mesh/raw median latency
+}
+
+type benchOutput struct {
+	Mesh  *benchResult `json:"mesh"`
+	Raw   *benchResult `json:"raw,omitempty"`
+	Ratio *benchRatio  `json:"ratio,omitempty"`
+}
+
+func newBenchCmd(g *globals) *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure delivery throughput and latency",
+		Long: `Send -n deliveries to --to over -c concurrent lanes (lane i is the stream
+"bench-<i>": deliveries on one lane are sequential, lanes run concurrently)
+with a mesh client that targets one node directly, and print deliveries per
+second, p50/p90/p99 latency and the verdict counts.
+
+The target node is --node (a node name), else the first node (by name) that
+hosts the kind of --to. The client caps legs in flight at 256, as any mesh
+client does by default.
+
+--baseline also runs the same shape (-n requests, -c concurrent requesters,
+the same payload) as plain NATS requests to a responder inside meshctl that
+answers at once, and prints the ratios mesh/raw: what the mesh costs over
+bare request/reply on this server.
+
+A progress bar is drawn on stderr when it is a terminal. Any delivery that is
+not Accepted makes the exit code 3 (4 if all of those timed out); the results
+are printed either way.`,
+		Example: `  meshctl bench
+  meshctl bench -n 50000 -c 64 --size 1024 --baseline -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runBench(cmd.Context(), g, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.to, "to", "echo/bench", "destination address (its kind must be hosted by the target node)")
+	fl.IntVarP(&f.n, "count", "n", 10000, "number of deliveries")
+	fl.IntVarP(&f.c, "concurrency", "c", 16, "concurrent lanes (streams bench-0 .. bench-<c-1>)")
+	fl.IntVar(&f.size, "size", 128, "payload size in bytes")
+	fl.StringVar(&f.node, "node", "", "target node name (default: the first node hosting the kind)")
+	fl.BoolVar(&f.baseline, "baseline", false, "also measure plain NATS request/reply of the same shape")
+	return cmd
+}
+
+func runBench(ctx context.Context, g *globals, f benchFlags) error {
+	addr, err := subjects.ParseAddress(f.to)
+	if err != nil {
+		return usageErrorf("invalid --to address %q: %v", f.to, err)
+	}
+	if f.n < 1 {
+		return usageErrorf("invalid -n %d (want >= 1)", f.n)
+	}
+	if f.c < 1 {
+		return usageErrorf("invalid -c %d (want >= 1)", f.c)
+	}
+	if f.size < 0 {
+		return usageErrorf("invalid --size %d (want >= 0)", f.size)
+	}
+	if f.node != "" {
+		if err := subjects.ValidateNodeName(f.node); err != nil {
+			return usageErrorf("invalid --node: %v", err)
+		}
+	}
+	f.c = min(f.c, f.n)
+
+	nc, err := g.connect("meshctl bench")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	// Leave room for the delivery headers under max_payload.
+	if max := nc.MaxPayload(); max > 0 && int64(f.size)+1024 > max {
+		return usageErrorf("--size %d is over the server's max_payload of %d (less 1024 bytes for headers)", f.size, max)
+	}
+	target, err := benchTarget(ctx, g, nc, addr, f.node)
+	if err != nil {
+		return err
+	}
+	payload := make([]byte, f.size)
+	for i := range payload {
+		payload[i] = 'a' + byte(i%26)
+	}
+
+	client, err := mesh.NewClient(mesh.Config{Conn: nc, Resolver: mesh.StaticResolver{Node: target}, Prefix: g.meshPrefix()},
+		mesh.WithLogger(slog.New(slog.DiscardHandler)), mesh.WithLegTimeout(g.timeout))
+	if err != nil {
+		return exitf(exitNoNATS, "mesh client: %v", err)
+	}
+	defer client.Close()
+	streams := make([]subjects.Stream, f.c)
+	for i := range streams {
+		streams[i] = subjects.Stream(fmt.Sprintf("bench-%d", i))
+	}
+	out := benchOutput{}
+	out.Mesh = measure(ctx, g, "mesh", f, func(ctx context.Context, lane int) error {
+		ctx, cancel := context.WithTimeout(ctx, g.timeout)
+		defer cancel()
+		_, err := client.Deliver(ctx, mesh.Delivery{To: addr, Stream: streams[lane], Payload: payload})
+		return err
+	})
+	out.Mesh.Target, out.Mesh.Node = string(addr), target.String()
+	out.Mesh.PeakInFlight = client.Saturation().PeakInFlight
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	if f.baseline {
+		raw, err := benchRaw(ctx, g, nc, f, payload)
+		if err != nil {
+			return err
+		}
+		out.Raw = raw
+		out.Ratio = &benchRatio{Throughput: ratio(out.Mesh.PerSecond, raw.PerSecond), P50: ratio(out.Mesh.P50Ms, raw.P50Ms)}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err := printBench(g, f, out); err != nil {
+		return exitf(exitUsage, "write output: %v", err)
+	}
+	return benchFailures(out)
+}
+
+// benchTarget picks the node to deliver to: the named one, else the first
+// (by name) that hosts the address's kind and is not draining.
+func benchTarget(ctx context.Context, g *globals, nc *nats.Conn, addr subjects.Address, name string) (subjects.NodeID, error) {
+	nodes, err := g.discover(ctx, nc)
+	if err != nil {
+		return subjects.NodeID{}, err
+	}
+	if name != "" {
+		nodes = slices.DeleteFunc(nodes, func(d discovered) bool { return d.Name != name })
+		if len(nodes) == 0 {
+			return subjects.NodeID{}, exitf(exitVerdict, "no node named %s on prefix %s", name, g.prefix)
+		}
+	} else if len(nodes) == 0 {
+		return subjects.NodeID{}, exitf(exitVerdict, "no natsmesh node found on prefix %s", g.prefix)
+	}
+	statuses, err := control[mesh.NodeStatus](ctx, g, nc, nodes, mesh.ControlPing)
+	if err != nil && len(statuses) == 0 {
+		return subjects.NodeID{}, err
+	}
+	slices.SortFunc(statuses, func(a, b mesh.NodeStatus) int { return compareNodes(a.Node, b.Node) })
+	var kinds []string
+	for _, s := range statuses {
+		kinds = append(kinds, s.Node+" ["+strings.Join(s.Kinds, ",")+"]")
+		if s.Draining || !slices.Contains(s.Kinds, addr.Kind()) {
+			continue
+		}
+		id, err := subjects.ParseNodeID(s.Node)
+		if err != nil {
+			continue
+		}
+		return id, nil
+	}
+	return subjects.NodeID{}, exitf(exitVerdict, "no live node hosts kind %q of %s (nodes: %s)", addr.Kind(), addr, orDash(strings.Join(kinds, " ")))
+}
+
+// benchRaw runs the baseline: plain requests to a responder on its own
+// connection that answers Accepted at once.
+func benchRaw(ctx context.Context, g *globals, nc *nats.Conn, f benchFlags, payload []byte) (*benchResult, error) {
+	rc, err := g.connect("meshctl bench responder")
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	subject := g.meshPrefix().Sub("bench.raw." + nuid.Next())
+	accepted := nats.Header{verdict.HeaderVerdict: []string{verdict.Accepted.String()}}
+	sub, err := rc.Subscribe(subject, func(m *nats.Msg) {
+		_ = m.RespondMsg(&nats.Msg{Header: accepted})
+	})
+	if err != nil {
+		return nil, natsError(err, "baseline responder")
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(-1, -1)
+	if err := rc.Flush(); err != nil {
+		return nil, natsError(err, "baseline responder")
+	}
+	r := measure(ctx, g, "raw", f, func(ctx context.Context, _ int) error {
+		ctx, cancel := context.WithTimeout(ctx, g.timeout)
+		defer cancel()
+		reply, err := nc.RequestWithContext(ctx, subject, payload)
+		if err != nil {
+			return err
+		}
+		_, err = verdict.Decode(reply.Header)
+		return err
+	})
+	r.Target = subject
+	return r, nil
+}
+
+// measure runs f.n calls of op over f.c lanes (each lane sequential, lanes
+// concurrent) and summarises them.
+func measure(ctx context.Context, g *globals, name string, f benchFlags, op func(ctx context.Context, lane int) error) *benchResult {
+	type laneResult struct {
+		lat      []time.Duration
+		verdicts map[string]int
+		timeouts int
+	}
+	lanes := make([]laneResult, f.c)
+	var done atomic.Int64
+	stopBar := progress(g.stderr, name, f.n, &done)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range lanes {
+		count := f.n / f.c
+		if i < f.n%f.c {
+			count++
+		}
+		wg.Go(func() {
+			lr := &lanes[i]
+			lr.lat = make([]time.Duration, 0, count)
+			lr.verdicts = map[string]int{}
+			for range count {
+				if ctx.Err() != nil {
+					return
+				}
+				t0 := time.Now()
+				err := op(ctx, i)
+				lr.lat = append(lr.lat, time.Since(t0))
+				lr.verdicts[verdict.Classify(err).String()]++
+				if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+					lr.timeouts++
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	stopBar()
+
+	r := &benchResult{Concurrency: f.c, Size: f.size, Verdicts: map[string]int{}, elapsed: elapsed}
+	var lat []time.Duration
+	for _, lr := range lanes {
+		lat = append(lat, lr.lat...)
+		for k, v := range lr.verdicts {
+			r.Verdicts[k] += v
+		}
+		r.Timeouts += lr.timeouts
+	}
+	r.Deliveries = len(lat)
+	sort.Slice(lat, func(a, b int) bool { return lat[a] < lat[b] })
+	r.p50, r.p90, r.p99 = percentile(lat, 0.50), percentile(lat, 0.90), percentile(lat, 0.99)
+	if len(lat) > 0 {
+		r.max = lat[len(lat)-1]
+	}
+	r.ElapsedSeconds = elapsed.Seconds()
+	if elapsed > 0 {
+		r.PerSecond = float64(r.Deliveries) / elapsed.Seconds()
+	}
+	toMs := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs = toMs(r.p50), toMs(r.p90), toMs(r.p99), toMs(r.max)
+	return r
+}
+
+// percentile returns the nearest-rank p-quantile of sorted.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+}
+
+// progress draws a bar of done/total on w when w is a terminal, until the
+// returned stop is called; elsewhere it draws nothing.
+func progress(w io.Writer, name string, total int, done *atomic.Int64) (stop func()) {
+	if !isTerminal(w) {
+		return func() {}
+	}
+	bar := progressbar.NewOptions(total,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(name),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("deliveries"),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionSetRenderBlankState(true),
+	)
+	quit := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				_ = bar.Set(int(done.Load()))
+			case <-quit:
+				_ = bar.Set(int(done.Load()))
+				_ = bar.Finish()
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-finished
+	}
+}
+
+func printBench(g *globals, f benchFlags, out benchOutput) error {
+	if g.json() {
+		return writeJSON(g.stdout, out)
+	}
+	w := g.stdout
+	fmt.Fprintf(w, "%d deliveries of %d bytes to %s on node %s over %d lanes\n\n", f.n, f.size, out.Mesh.Target, out.Mesh.Node, out.Mesh.Concurrency)
+	t := newTable(w, "RUN", "DELIVERIES", "ELAPSED", "PER SECOND", "P50", "P90", "P99", "MAX", "VERDICTS")
+	rows := []struct {
+		name string
+		r    *benchResult
+	}{{"mesh", out.Mesh}, {"raw", out.Raw}}
+	for _, row := range rows {
+		r := row.r
+		if r == nil {
+			continue
+		}
+		t.row(row.name, r.Deliveries, r.elapsed.Round(time.Millisecond), fmt.Sprintf("%.0f", r.PerSecond),
+			ms(r.p50), ms(r.p90), ms(r.p99), ms(r.max), verdictCounts(r))
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\npeak legs in flight (mesh client): %d\n", out.Mesh.PeakInFlight)
+	if out.Ratio != nil {
+		_, err := fmt.Fprintf(w, "ratio mesh/raw: throughput %.2fx, p50 latency %.2fx\n", out.Ratio.Throughput, out.Ratio.P50)
+		return err
+	}
+	return nil
+}
+
+// verdictCounts formats the verdict counts, Accepted first.
+func verdictCounts(r *benchResult) string {
+	keys := make([]string, 0, len(r.Verdicts))
+	for k := range r.Verdicts {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		if (a == "Accepted") != (b == "Accepted") {
+			if a == "Accepted" {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, r.Verdicts[k])
+	}
+	s := strings.Join(parts, " ")
+	if r.Timeouts > 0 {
+		s += fmt.Sprintf(" (timeouts=%d)", r.Timeouts)
+	}
+	return s
+}
+
+// benchFailures returns the exit error for deliveries not Accepted.
+func benchFailures(out benchOutput) error {
+	var msgs []string
+	failed, timeouts := 0, 0
+	for _, x := range []struct {
+		name string
+		r    *benchResult
+	}{{"mesh", out.Mesh}, {"raw", out.Raw}} {
+		if x.r == nil {
+			continue
+		}
+		bad := x.r.Deliveries - x.r.Verdicts["Accepted"]
+		if bad == 0 {
+			continue
+		}
+		failed += bad
+		timeouts += x.r.Timeouts
+		msgs = append(msgs, fmt.Sprintf("%d of %d %s deliveries not accepted (%s)", bad, x.r.Deliveries, x.name, verdictCounts(x.r)))
+	}
+	if failed == 0 {
+		return nil
+	}
+	code := exitVerdict
+	if timeouts == failed {
+		code = exitTimeout
+	}
+	return exitf(code, "bench: %s", strings.Join(msgs, "; "))
+}
