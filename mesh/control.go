@@ -31,7 +31,7 @@ const (
 
 // ControlSubject returns <prefix>.ctl.<name>.<verb>.
 func (n *Node) ControlSubject(verb string) string {
-	return n.prefix.Sub("ctl." + n.id.Name + "." + verb)
+	return n.prefix.Control(n.id.Name, verb)
 }
 
 // Metadata keys of the micro service.

@@ -70,6 +70,7 @@ type Node struct {
 	svc          micro.Service
 	draining     atomic.Bool
 	stopOnce     sync.Once
+	ingressOnce  sync.Once
 }
 
 // NewNode validates cfg and builds a node; register hub kinds with
@@ -151,10 +152,11 @@ func (n *Node) Start() error {
 // to call more than once.
 func (n *Node) Drain(ctx context.Context) error {
 	n.draining.Store(true)
-	n.stopServing()
+	n.stopIngress()
 	err := n.host.Drain(ctx)
 	n.ingressWG.Wait()
 	n.Client.Close()
+	n.stopServing() // the control service reports "draining" until here
 	return err
 }
 
@@ -169,11 +171,17 @@ func (n *Node) Close() error {
 	return nil
 }
 
-func (n *Node) stopServing() {
-	n.stopOnce.Do(func() {
+func (n *Node) stopIngress() {
+	n.ingressOnce.Do(func() {
 		if n.ingressSub != nil {
 			_ = n.ingressSub.Unsubscribe()
 		}
+	})
+}
+
+func (n *Node) stopServing() {
+	n.stopIngress()
+	n.stopOnce.Do(func() {
 		if n.svc != nil {
 			_ = n.svc.Stop()
 		}

@@ -125,6 +125,29 @@ func (n NodeID) String() string {
 	return n.Name + "." + strconv.FormatUint(n.Generation, 10)
 }
 
+// MarshalText encodes n as "name.generation" (so JSON shows a string).
+func (n NodeID) MarshalText() ([]byte, error) {
+	if n.IsZero() {
+		return []byte{}, nil
+	}
+	return []byte(n.String()), nil
+}
+
+// UnmarshalText reads the form MarshalText writes; empty text is the zero
+// NodeID.
+func (n *NodeID) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*n = NodeID{}
+		return nil
+	}
+	id, err := ParseNodeID(string(b))
+	if err != nil {
+		return err
+	}
+	*n = id
+	return nil
+}
+
 // ParseNodeID reads the "name.generation" form of [NodeID.String].
 func ParseNodeID(s string) (NodeID, error) {
 	name, gen, ok := strings.Cut(s, ".")

@@ -67,6 +67,12 @@ func (p Prefix) Validate() error {
 // families (node control, late answers, announcements). rest is not checked.
 func (p Prefix) Sub(rest string) string { return string(p) + "." + rest }
 
+// Control returns <prefix>.ctl.<node-name>.<verb>, a node's control
+// endpoint (the verbs are defined by package mesh).
+func (p Prefix) Control(nodeName, verb string) string {
+	return string(p) + ".ctl." + nodeName + "." + verb
+}
+
 // Delivery returns <prefix>.dlv.<node>.<gen>.<addr>.<stream>. The inputs are
 // not validated here (the encoding is safe for any bytes); validate an
 // address, a stream and a node before sending to them.

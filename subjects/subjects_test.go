@@ -243,3 +243,24 @@ func TestPrefix(t *testing.T) {
 		t.Errorf("a subject of another prefix parsed")
 	}
 }
+
+func TestNodeIDText(t *testing.T) {
+	n := NodeID{"node-1", 42}
+	b, err := n.MarshalText()
+	if err != nil || string(b) != "node-1.42" {
+		t.Fatalf("MarshalText = %q, %v", b, err)
+	}
+	var back NodeID
+	if err := back.UnmarshalText(b); err != nil || back != n {
+		t.Fatalf("UnmarshalText = %v, %v", back, err)
+	}
+	if err := back.UnmarshalText([]byte("bad name.1")); err == nil {
+		t.Error("UnmarshalText accepted a bad name")
+	}
+	if err := back.UnmarshalText(nil); err != nil || !back.IsZero() {
+		t.Error("empty text is not the zero NodeID")
+	}
+	if got := DefaultPrefix.Control("n1", "ping"); got != "mesh.v1.ctl.n1.ping" {
+		t.Errorf("Control = %q", got)
+	}
+}

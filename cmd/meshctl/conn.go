@@ -186,7 +186,7 @@ func compareNodes(a, b string) int {
 
 // controlSubject is <prefix>.ctl.<name>.<verb>, as served by mesh.Node.
 func (g *globals) controlSubject(name, verb string) string {
-	return g.meshPrefix().Sub("ctl." + name + "." + verb)
+	return g.meshPrefix().Control(name, verb)
 }
 
 // serviceError returns the error a micro endpoint answered with, if any.
