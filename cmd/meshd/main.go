@@ -30,10 +30,10 @@ func main() {
 
 // options are meshd's flags.
 type options struct {
-	name, prefix, hubs, natsURL, listen, dataDir         string
+	name, prefix, hubs, natsURL, listen, dataDir        string
 	creds, nkey, user, password, tlsCert, tlsKey, tlsCA string
-	http, logFormat, logLevel                            string
-	drainTimeout                                         time.Duration
+	http, logFormat, logLevel                           string
+	drainTimeout                                        time.Duration
 }
 
 // env returns the environment variable's value, or def.
