@@ -173,3 +173,16 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestMeshdEmbeddedDrainedByMeshctl: `meshctl drain` stops a meshd running
+// its own embedded server; meshctl reports the drain and exits 0.
+func TestMeshdEmbeddedDrainedByMeshctl(t *testing.T) {
+	md := StartMeshd(t, "--name", "solo", "--listen", "127.0.0.1:0", "--http", "", "--data-dir", t.TempDir())
+	out, errOut, code := meshctl(t, md.NATSURL, "drain", "solo")
+	if code != 0 || !strings.Contains(out, "yes") {
+		t.Fatalf("meshctl drain: code %d\n%s%s", code, out, errOut)
+	}
+	if code := md.Wait(t, 30*time.Second); code != 0 {
+		t.Errorf("meshd exit code = %d\n%s", code, md.Stderr())
+	}
+}

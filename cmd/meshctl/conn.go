@@ -108,6 +108,11 @@ func gather(ctx context.Context, nc *nats.Conn, subject string, data []byte, wan
 				// nats.go turns the 503 status into this error.
 				return out, len(out) == 0, nil
 			}
+			if len(out) > 0 && (errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrBadSubscription)) {
+				// The answers arrived; the server went away after (a
+				// drained meshd on its embedded server stops it).
+				return out, false, nil
+			}
 			return out, false, err
 		}
 		if isNoResponders(m) {
