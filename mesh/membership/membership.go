@@ -1,0 +1,609 @@
+// Package membership keeps the mesh's node registry (DESIGN §6): each node
+// generation registers under its name in a JetStream KV bucket and refreshes
+// the entry with a heartbeat; the bucket's TTL expires a node that stops
+// beating. Every node watches the registry and the NATS server's
+// client-disconnect advisory and reports departures as events: a graceful
+// leave, a TTL expiry, a newer generation of the same name (superseded at
+// once), or the advisory for the node's connection (the fastest: a
+// millisecond or two after a SIGKILL).
+//
+// Generations are strictly increasing per name: a node registers with
+// max(now in ns, the registered generation + 1), under a revision check.
+// Presence is keyed by name and generation, never by name alone.
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultHeartbeat = time.Second
+	DefaultTTL       = 3 * time.Second
+	// DefaultAdvisorySubject is where a node listens for client-disconnect
+	// advisories: the system account's subject as imported into the
+	// application account (docs/operations.md). Where the import is
+	// missing nothing arrives and the heartbeat TTL detects departures.
+	DefaultAdvisorySubject = "$SYS.ACCOUNT.*.DISCONNECT"
+	// ConnNamePrefix starts the NATS connection name of every mesh node:
+	// "natsmesh <name>.<gen>", which the disconnect advisory carries.
+	ConnNamePrefix = "natsmesh "
+)
+
+var (
+	// ErrInvalidConfig: a required Config field is missing or invalid.
+	ErrInvalidConfig = errors.New("membership: invalid config")
+	// ErrLost: this node's registration was removed or superseded (it was
+	// declared gone); it must stop serving and rejoin with a new
+	// generation.
+	ErrLost = errors.New("membership: registration lost")
+	// ErrClosed: the membership was closed or left.
+	ErrClosed = errors.New("membership: closed")
+)
+
+// ConnName returns the NATS connection name a node generation must use so
+// that disconnect advisories identify it.
+func ConnName(n subjects.NodeID) string { return ConnNamePrefix + n.String() }
+
+// Member is one registered node generation.
+type Member struct {
+	Node    subjects.NodeID `json:"node"`
+	Kinds   []string        `json:"kinds"`
+	Version string          `json:"version"`
+	Started time.Time       `json:"started"`
+	Beat    uint64          `json:"beat"` // heartbeats sent
+}
+
+// Hosts reports whether the member hosts kind.
+func (m Member) Hosts(kind string) bool { return slices.Contains(m.Kinds, kind) }
+
+// EventType says what happened to a member.
+type EventType uint8
+
+// Event types.
+const (
+	Joined       EventType = iota + 1 // a generation registered
+	Left                              // it deleted its entry (graceful drain)
+	Expired                           // its entry's TTL ran out (missed heartbeats)
+	Superseded                        // a newer generation of the same name registered
+	Disconnected                      // the server's disconnect advisory for its connection
+)
+
+var eventNames = [...]string{"", "joined", "left", "expired", "superseded", "disconnected"}
+
+func (t EventType) String() string {
+	if int(t) < len(eventNames) {
+		return eventNames[t]
+	}
+	return fmt.Sprintf("event(%d)", t)
+}
+
+// Departed reports whether the event ends the member's generation.
+func (t EventType) Departed() bool { return t != Joined }
+
+// Event is a change of membership. At is when this node learned it.
+type Event struct {
+	Type   EventType
+	Member Member
+	At     time.Time
+}
+
+// Config holds the membership settings. Conn, Self and Kinds are required;
+// zero fields mean their documented defaults.
+type Config struct {
+	// Conn is the node's NATS connection; its name should be
+	// ConnName(Self) for advisories to identify it.
+	Conn *nats.Conn
+	// Prefix names the buckets; zero means subjects.DefaultPrefix.
+	Prefix subjects.Prefix
+	// Name is the node name. Required.
+	Name string
+	// Kinds are the hub kinds the node hosts.
+	Kinds []string
+	// Version is the software version the node announces.
+	Version string
+	// Heartbeat is how often the entry is refreshed (default 1 s).
+	Heartbeat time.Duration
+	// TTL expires an entry not refreshed for this long (default 3 s): a
+	// crashed node is declared gone within TTL by the heartbeat alone.
+	TTL time.Duration
+	// Replicas of the KV buckets (default 1; use 3 on a 3-server cluster).
+	Replicas int
+	// AdvisorySubject receives client-disconnect advisories; zero means
+	// DefaultAdvisorySubject, "-" disables listening.
+	AdvisorySubject string
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.Conn == nil {
+		return fmt.Errorf("%w: Conn is nil", ErrInvalidConfig)
+	}
+	if err := subjects.ValidateNodeName(c.Name); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.Prefix == "" {
+		c.Prefix = subjects.DefaultPrefix
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.TTL <= 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.TTL <= c.Heartbeat {
+		return fmt.Errorf("%w: TTL %v must exceed the heartbeat %v", ErrInvalidConfig, c.TTL, c.Heartbeat)
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.AdvisorySubject == "" {
+		c.AdvisorySubject = DefaultAdvisorySubject
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// BucketName returns the registry bucket of a prefix: "natsmesh_<prefix
+// with dots as underscores>_nodes".
+func BucketName(p subjects.Prefix) string {
+	return "natsmesh_" + strings.ReplaceAll(string(p), ".", "_") + "_nodes"
+}
+
+// Membership is this node's registration and its view of the mesh. Safe for
+// concurrent use.
+type Membership struct {
+	cfg  Config
+	log  *slog.Logger
+	kv   jetstream.KeyValue
+	self Member
+
+	mu        sync.RWMutex
+	live      map[string]Member // by name: the live generation
+	rev       uint64            // revision of our own entry
+	listeners map[int]func(Event)
+	nextL     int
+	confirmed uint64 // connection reconnect count at the last good heartbeat
+
+	lost      chan struct{}
+	lostOnce  sync.Once
+	ready     chan struct{} // the registry's initial state was read
+	readyOnce sync.Once
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	advSub    *nats.Subscription
+	closeOnce sync.Once
+}
+
+// OpenBucket creates or binds the registry bucket: memory storage, the
+// configured replicas, history 1, TTL, and markers on expiry so watchers see
+// TTL departures.
+func OpenBucket(ctx context.Context, js jetstream.JetStream, p subjects.Prefix, ttl time.Duration, replicas int) (jetstream.KeyValue, error) {
+	return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:         BucketName(p),
+		Description:    "natsmesh node registry",
+		Storage:        jetstream.MemoryStorage,
+		Replicas:       replicas,
+		History:        1,
+		TTL:            ttl,
+		LimitMarkerTTL: max(ttl, time.Second),
+	})
+}
+
+// Join registers this node with a fresh generation, reads the registry, and
+// starts the heartbeat and the watchers. It blocks until the registry's
+// current state is known or ctx ends. The generation is in Self().Node.
+func Join(ctx context.Context, cfg Config) (*Membership, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(cfg.Conn)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := OpenBucket(ctx, js, cfg.Prefix, cfg.TTL, cfg.Replicas)
+	if err != nil {
+		return nil, fmt.Errorf("membership: registry bucket: %w", err)
+	}
+	mctx, cancel := context.WithCancel(context.Background())
+	m := &Membership{
+		cfg: cfg, log: cfg.Logger, kv: kv,
+		live: map[string]Member{}, listeners: map[int]func(Event){},
+		lost: make(chan struct{}), ready: make(chan struct{}),
+		ctx: mctx, cancel: cancel,
+	}
+	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC()}
+	slices.Sort(m.self.Kinds)
+	if err := m.register(ctx); err != nil {
+		cancel()
+		return nil, err
+	}
+	m.log = cfg.Logger.With("node", m.self.Node.String())
+	if cfg.AdvisorySubject != "-" {
+		sub, err := cfg.Conn.Subscribe(cfg.AdvisorySubject, m.onAdvisory)
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("membership: advisory subscription: %w", err)
+		}
+		m.advSub = sub
+	}
+	m.wg.Add(2)
+	go m.watch()
+	go m.heartbeat()
+	select {
+	case <-m.ready:
+	case <-ctx.Done():
+		m.Close()
+		return nil, ctx.Err()
+	}
+	return m, nil
+}
+
+// register writes a new generation for the name, strictly above any
+// registered one, under a revision check.
+func (m *Membership) register(ctx context.Context) error {
+	name := m.cfg.Name
+	for range 10 {
+		gen := uint64(time.Now().UnixNano())
+		var prev uint64
+		e, err := m.kv.Get(ctx, name)
+		switch {
+		case err == nil:
+			var old Member
+			if json.Unmarshal(e.Value(), &old) == nil && old.Node.Generation >= gen {
+				gen = old.Node.Generation + 1
+			}
+			prev = e.Revision()
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		default:
+			return fmt.Errorf("membership: read registry: %w", err)
+		}
+		self := m.self
+		self.Node = subjects.NodeID{Name: name, Generation: gen}
+		b, _ := json.Marshal(self)
+		confirmed := m.cfg.Conn.Stats().Reconnects
+		var rev uint64
+		if prev == 0 {
+			rev, err = m.kv.Create(ctx, name, b)
+		} else {
+			rev, err = m.kv.Update(ctx, name, b, prev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue // raced with another incarnation: read again
+		}
+		if err != nil {
+			return fmt.Errorf("membership: register: %w", err)
+		}
+		m.mu.Lock()
+		m.self, m.rev, m.confirmed = self, rev, confirmed
+		m.mu.Unlock()
+		return nil
+	}
+	return fmt.Errorf("membership: register %q: too many concurrent registrations", name)
+}
+
+// Self returns this node's registration.
+func (m *Membership) Self() Member {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.self
+}
+
+// Lost is closed when this node's registration was removed or superseded:
+// it was declared gone and must stop serving (fencing) and rejoin.
+func (m *Membership) Lost() <-chan struct{} { return m.lost }
+
+// Confirmed reports whether the registration was confirmed by a heartbeat on
+// the connection as it is now: false after a reconnect until the next good
+// heartbeat, and for good once lost. A node must not serve while false.
+func (m *Membership) Confirmed() bool {
+	select {
+	case <-m.lost:
+		return false
+	default:
+	}
+	m.mu.RLock()
+	c := m.confirmed
+	m.mu.RUnlock()
+	return c == m.cfg.Conn.Stats().Reconnects
+}
+
+// Members returns the live generations, sorted by name.
+func (m *Membership) Members() []Member {
+	m.mu.RLock()
+	out := make([]Member, 0, len(m.live))
+	for _, v := range m.live {
+		out = append(out, v)
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Node.Name, b.Node.Name) })
+	return out
+}
+
+// Alive reports whether node is the live generation of its name.
+func (m *Membership) Alive(node subjects.NodeID) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	v, ok := m.live[node.Name]
+	return ok && v.Node == node
+}
+
+// Hosting returns the live generations that host kind, sorted by name.
+func (m *Membership) Hosting(kind string) []subjects.NodeID {
+	m.mu.RLock()
+	var out []subjects.NodeID
+	for _, v := range m.live {
+		if v.Hosts(kind) {
+			out = append(out, v.Node)
+		}
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(out, func(a, b subjects.NodeID) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// OnEvent registers f for every membership event from now on; it returns a
+// function that unregisters it. f runs on the watcher goroutine, one event at
+// a time, never under a lock; it must not block for long.
+func (m *Membership) OnEvent(f func(Event)) (cancel func()) {
+	m.mu.Lock()
+	id := m.nextL
+	m.nextL++
+	m.listeners[id] = f
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		delete(m.listeners, id)
+		m.mu.Unlock()
+	}
+}
+
+func (m *Membership) emit(e Event) {
+	m.mu.RLock()
+	ls := make([]func(Event), 0, len(m.listeners))
+	for _, f := range m.listeners {
+		ls = append(ls, f)
+	}
+	m.mu.RUnlock()
+	for _, f := range ls {
+		f(e)
+	}
+}
+
+// depart removes node's generation from the live set and emits the event,
+// once per generation.
+func (m *Membership) depart(node subjects.NodeID, t EventType) {
+	m.mu.Lock()
+	v, ok := m.live[node.Name]
+	if !ok || v.Node != node {
+		m.mu.Unlock()
+		return
+	}
+	delete(m.live, node.Name)
+	m.mu.Unlock()
+	m.log.Info("node departed", "departed", node.String(), "how", t.String())
+	m.emit(Event{Type: t, Member: v, At: time.Now()})
+}
+
+// watch follows the registry.
+func (m *Membership) watch() {
+	defer m.wg.Done()
+	for m.ctx.Err() == nil {
+		w, err := m.kv.WatchAll(m.ctx)
+		if err != nil {
+			m.log.Warn("registry watch failed; retrying", "err", err)
+			select {
+			case <-m.ctx.Done():
+				return
+			case <-time.After(m.cfg.Heartbeat):
+			}
+			continue
+		}
+		m.follow(w)
+		_ = w.Stop()
+	}
+}
+
+func (m *Membership) follow(w jetstream.KeyWatcher) {
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil { // initial values done
+				m.readyOnce.Do(func() { close(m.ready) })
+				continue
+			}
+			m.apply(e)
+		}
+	}
+}
+
+func (m *Membership) apply(e jetstream.KeyValueEntry) {
+	name := e.Key()
+	switch e.Operation() {
+	case jetstream.KeyValuePut:
+		var v Member
+		if err := json.Unmarshal(e.Value(), &v); err != nil || v.Node.Name != name {
+			m.log.Warn("registry entry ignored", "key", name, "err", err)
+			return
+		}
+		m.mu.Lock()
+		old, had := m.live[name]
+		switch {
+		case had && old.Node == v.Node:
+			m.live[name] = v // a heartbeat
+			m.mu.Unlock()
+			return
+		case had && old.Node.Generation > v.Node.Generation:
+			m.mu.Unlock()
+			return // a stale write of an older generation
+		}
+		m.mu.Unlock()
+		if had {
+			m.depart(old.Node, Superseded)
+		}
+		m.mu.Lock()
+		m.live[name] = v
+		m.mu.Unlock()
+		m.emit(Event{Type: Joined, Member: v, At: time.Now()})
+	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+		m.mu.RLock()
+		old, had := m.live[name]
+		m.mu.RUnlock()
+		if !had {
+			return
+		}
+		t := Left
+		if e.Operation() == jetstream.KeyValuePurge {
+			t = Expired // a MaxAge marker
+		}
+		m.depart(old.Node, t)
+	}
+	self := m.Self()
+	if name == self.Node.Name {
+		m.mu.RLock()
+		cur, ok := m.live[name]
+		m.mu.RUnlock()
+		if !ok || cur.Node != self.Node {
+			m.markLost("registry no longer names this generation")
+		}
+	}
+}
+
+// disconnectAdvisory is the part of server.DisconnectEventMsg we read.
+type disconnectAdvisory struct {
+	Client struct {
+		Name string `json:"name"`
+	} `json:"client"`
+}
+
+func (m *Membership) onAdvisory(msg *nats.Msg) {
+	var a disconnectAdvisory
+	if json.Unmarshal(msg.Data, &a) != nil {
+		return
+	}
+	id, ok := strings.CutPrefix(a.Client.Name, ConnNamePrefix)
+	if !ok {
+		return
+	}
+	node, err := subjects.ParseNodeID(id)
+	if err != nil {
+		return
+	}
+	if node == m.Self().Node {
+		return // our own link dropped; the heartbeat decides whether we are gone
+	}
+	if !m.Alive(node) {
+		return
+	}
+	m.depart(node, Disconnected)
+	// Remove its entry so every node converges and the departed process,
+	// should it come back, finds itself gone. The revision check keeps a
+	// newer generation's entry.
+	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
+	defer cancel()
+	if e, err := m.kv.Get(ctx, node.Name); err == nil {
+		var v Member
+		if json.Unmarshal(e.Value(), &v) == nil && v.Node == node {
+			_ = m.kv.Delete(ctx, node.Name, jetstream.LastRevision(e.Revision()))
+		}
+	}
+}
+
+// heartbeat refreshes the entry; a revision mismatch means the entry was
+// removed or superseded: the registration is lost.
+func (m *Membership) heartbeat() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.lost:
+			return
+		case <-t.C:
+		}
+		m.mu.RLock()
+		self, rev := m.self, m.rev
+		m.mu.RUnlock()
+		self.Beat++
+		b, _ := json.Marshal(self)
+		reconnects := m.cfg.Conn.Stats().Reconnects
+		ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Heartbeat)
+		nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
+		cancel()
+		switch {
+		case err == nil:
+			m.mu.Lock()
+			m.self, m.rev, m.confirmed = self, nrev, reconnects
+			m.mu.Unlock()
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			m.markLost("heartbeat found the entry removed or superseded")
+			return
+		default:
+			if m.ctx.Err() == nil {
+				m.log.Warn("heartbeat failed", "err", err)
+			}
+		}
+	}
+}
+
+func (m *Membership) markLost(why string) {
+	m.lostOnce.Do(func() {
+		m.log.Warn("registration lost: this generation must stop serving", "why", why)
+		close(m.lost)
+	})
+}
+
+// Leave deletes this generation's entry (a graceful departure every node
+// sees at once) and stops. It is idempotent.
+func (m *Membership) Leave(ctx context.Context) error {
+	m.mu.RLock()
+	self, rev := m.self, m.rev
+	m.mu.RUnlock()
+	var err error
+	select {
+	case <-m.lost:
+	default:
+		err = m.kv.Delete(ctx, self.Node.Name, jetstream.LastRevision(rev))
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			err = nil // already gone or superseded
+		}
+	}
+	m.Close()
+	return err
+}
+
+// Close stops the heartbeat and watchers without leaving (the entry expires
+// after TTL). It is idempotent.
+func (m *Membership) Close() {
+	m.closeOnce.Do(func() {
+		m.cancel()
+		if m.advSub != nil {
+			_ = m.advSub.Unsubscribe()
+		}
+		m.wg.Wait()
+	})
+}
