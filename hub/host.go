@@ -60,6 +60,11 @@ type Config struct {
 	Claims Claims
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
+	// Fence, if set, is asked before each delivery is accepted; a non-nil
+	// error refuses it (with that error). Membership uses it so that a node
+	// whose registration is unconfirmed — after a reconnect, or lost —
+	// serves nothing (DESIGN §5, fencing).
+	Fence func() error
 }
 
 func (c *Config) validate() error {
@@ -217,6 +222,12 @@ func (h *Host) intake(m *nats.Msg) {
 	if err != nil {
 		h.refuse(m, err)
 		return
+	}
+	if f := h.cfg.Fence; f != nil {
+		if err := f(); err != nil {
+			h.refuse(m, err)
+			return
+		}
 	}
 	if h.dedupe.seen(e.ID) {
 		h.dedupeHits.Add(1)
@@ -437,6 +448,31 @@ func (h *Host) fail(e *entry, err error) {
 	if serr := h.sendAnswer(e.answerTo, e.ID, AnswerVerdict, err, nil); serr != nil {
 		h.log.Warn("late verdict not sent", "id", e.ID, "err", serr)
 	}
+}
+
+// Deactivate removes addr's activation at once, if any: what it still had
+// queued fails late with ShuttingDown, the hub's Deactivate runs, and the
+// claim is released. Used when this node lost its claim on addr. It blocks
+// until a handler in progress returns.
+func (h *Host) Deactivate(addr subjects.Address) {
+	h.mu.Lock()
+	a := h.activations[addr]
+	delete(h.activations, addr)
+	h.mu.Unlock()
+	if a == nil {
+		return
+	}
+	a.close(verdict.New(verdict.ReasonNotOwner, "activation %s on %s stood down before handling", addr, h.nodeID))
+	for {
+		a.mu.Lock()
+		running := a.running
+		a.mu.Unlock()
+		if !running {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	a.deactivate()
 }
 
 // Addresses returns the addresses with a live activation, in no order.

@@ -61,7 +61,9 @@ type Client struct {
 	lanes   map[LaneKey]*lane
 
 	pendingMu sync.Mutex
-	pending   map[string]chan answer // Request awaiting its response, by delivery ID
+	pending   map[string]*pendingRequest // Request awaiting its response, by delivery ID
+
+	legsByNode sync.Map // subjects.NodeID -> *nodeLegs: legs in flight per owner
 
 	answersSub *nats.Subscription
 	closing    atomic.Bool
@@ -95,7 +97,7 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 		sender:  cfg.Identity.String(),
 		sem:     make(chan struct{}, o.maxInFlight),
 		lanes:   map[LaneKey]*lane{},
-		pending: map[string]chan answer{},
+		pending: map[string]*pendingRequest{},
 		closed:  make(chan struct{}),
 		stop:    make(chan struct{}),
 	}
@@ -313,6 +315,9 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, node 
 	}
 	legCtx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	ref := &legRef{cancel: cancel}
+	nl := c.trackLeg(node, ref)
+	defer nl.remove(ref)
 	select {
 	case c.sem <- struct{}{}:
 	case <-legCtx.Done():
@@ -327,6 +332,9 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, node 
 	reply, err := c.cfg.Conn.RequestMsgWithContext(legCtx, msg)
 	c.observeInFlight(c.inFlight.Add(-1))
 	<-c.sem
+	if cause := ref.cause.Load(); cause != nil {
+		return *cause // the owner departed while the leg was in flight
+	}
 	if errors.Is(err, nats.ErrMaxPayload) {
 		return payloadTooLarge(len(d.Payload), c.cfg.Conn.MaxPayload())
 	}
@@ -347,8 +355,8 @@ func (c *Client) Close() {
 		close(c.stop)
 		c.stopCancel()
 		c.pendingMu.Lock()
-		for id, ch := range c.pending {
-			ch <- answer{err: verdict.ErrClosing}
+		for id, p := range c.pending {
+			p.ch <- answer{err: verdict.ErrClosing}
 			delete(c.pending, id)
 		}
 		c.pendingMu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
@@ -19,6 +20,13 @@ type Response struct {
 type answer struct {
 	payload []byte
 	err     error
+}
+
+// pendingRequest is a Request awaiting its response; node is set once a
+// node accepted it, so the owner's departure fails it at once.
+type pendingRequest struct {
+	ch   chan answer
+	node subjects.NodeID
 }
 
 // Request delivers d, then waits for the handler's response, correlated by
@@ -44,13 +52,14 @@ func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
 	if err := c.validate(&d); err != nil {
 		return Response{Receipt: Receipt{ID: d.ID}}, err
 	}
-	ch := make(chan answer, 1)
+	p := &pendingRequest{ch: make(chan answer, 1)}
+	ch := p.ch
 	c.pendingMu.Lock()
 	if c.closing.Load() {
 		c.pendingMu.Unlock()
 		return Response{Receipt: Receipt{ID: d.ID}}, verdict.ErrClosing
 	}
-	c.pending[d.ID] = ch
+	c.pending[d.ID] = p
 	c.pendingMu.Unlock()
 	defer func() {
 		c.pendingMu.Lock()
@@ -60,6 +69,12 @@ func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
 	r, err := c.deliver(ctx, &d, true)
 	if err != nil {
 		return Response{Receipt: r}, err
+	}
+	c.pendingMu.Lock()
+	p.node = r.Node
+	c.pendingMu.Unlock()
+	if c.departed(r.Node) {
+		c.failPending(r.Node, departedError(r.Node, "before its response"))
 	}
 	select {
 	case a := <-ch:
@@ -78,13 +93,13 @@ func (c *Client) dispatchAnswer(m *nats.Msg) {
 	_, err := verdict.Decode(m.Header)
 	kind := m.Header.Get(hub.HeaderAnswer)
 	c.pendingMu.Lock()
-	ch, ok := c.pending[id]
+	p, ok := c.pending[id]
 	if ok {
 		delete(c.pending, id)
 	}
 	c.pendingMu.Unlock()
 	if ok {
-		ch <- answer{payload: m.Data, err: err}
+		p.ch <- answer{payload: m.Data, err: err}
 		return
 	}
 	if kind == hub.AnswerVerdict && err != nil {

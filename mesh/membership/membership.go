@@ -65,6 +65,14 @@ type Member struct {
 	Version string          `json:"version"`
 	Started time.Time       `json:"started"`
 	Beat    uint64          `json:"beat"` // heartbeats sent
+	// Draining: the node is draining; it still serves what it holds but
+	// takes no new placements.
+	Draining bool `json:"draining,omitempty"`
+	// ServerID and ClientID identify the node's current NATS connection
+	// (refreshed with every heartbeat), which the server's disconnect
+	// advisory names.
+	ServerID string `json:"server_id,omitempty"`
+	ClientID uint64 `json:"client_id,omitempty"`
 }
 
 // Hosts reports whether the member hosts kind.
@@ -174,6 +182,7 @@ type Membership struct {
 	kv   jetstream.KeyValue
 	self Member
 
+	wmu       sync.Mutex // serialises writes of our own entry (revision chain)
 	mu        sync.RWMutex
 	live      map[string]Member // by name: the live generation
 	rev       uint64            // revision of our own entry
@@ -277,6 +286,7 @@ func (m *Membership) register(ctx context.Context) error {
 		}
 		self := m.self
 		self.Node = subjects.NodeID{Name: name, Generation: gen}
+		self.ServerID, self.ClientID = m.connIdentity()
 		b, _ := json.Marshal(self)
 		confirmed := m.cfg.Conn.Stats().Reconnects
 		var rev uint64
@@ -297,6 +307,12 @@ func (m *Membership) register(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("membership: register %q: too many concurrent registrations", name)
+}
+
+// connIdentity returns the server ID and client ID of the connection now.
+func (m *Membership) connIdentity() (string, uint64) {
+	cid, _ := m.cfg.Conn.GetClientID()
+	return m.cfg.Conn.ConnectedServerId(), cid
 }
 
 // Self returns this node's registration.
@@ -345,12 +361,13 @@ func (m *Membership) Alive(node subjects.NodeID) bool {
 	return ok && v.Node == node
 }
 
-// Hosting returns the live generations that host kind, sorted by name.
+// Hosting returns the live generations that host kind and take new
+// placements (not draining), sorted by name.
 func (m *Membership) Hosting(kind string) []subjects.NodeID {
 	m.mu.RLock()
 	var out []subjects.NodeID
 	for _, v := range m.live {
-		if v.Hosts(kind) {
+		if v.Hosts(kind) && !v.Draining {
 			out = append(out, v.Node)
 		}
 	}
@@ -493,29 +510,35 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 
 // disconnectAdvisory is the part of server.DisconnectEventMsg we read.
 type disconnectAdvisory struct {
+	Server struct {
+		ID string `json:"id"`
+	} `json:"server"`
 	Client struct {
+		ID   uint64 `json:"id"`
 		Name string `json:"name"`
 	} `json:"client"`
 }
 
+// onAdvisory declares a member gone when the server reports its connection
+// closed. The member is found by its connection (server ID and client ID,
+// from its registry entry), so names reused across incarnations do not
+// matter.
 func (m *Membership) onAdvisory(msg *nats.Msg) {
 	var a disconnectAdvisory
-	if json.Unmarshal(msg.Data, &a) != nil {
+	if json.Unmarshal(msg.Data, &a) != nil || a.Server.ID == "" {
 		return
 	}
-	id, ok := strings.CutPrefix(a.Client.Name, ConnNamePrefix)
-	if !ok {
-		return
+	var node subjects.NodeID
+	m.mu.RLock()
+	for _, v := range m.live {
+		if v.ServerID == a.Server.ID && v.ClientID == a.Client.ID {
+			node = v.Node
+			break
+		}
 	}
-	node, err := subjects.ParseNodeID(id)
-	if err != nil {
-		return
-	}
-	if node == m.Self().Node {
-		return // our own link dropped; the heartbeat decides whether we are gone
-	}
-	if !m.Alive(node) {
-		return
+	m.mu.RUnlock()
+	if node.IsZero() || node == m.Self().Node {
+		return // not a member, or our own link: the heartbeat decides about us
 	}
 	m.depart(node, Disconnected)
 	// Remove its entry so every node converges and the departed process,
@@ -545,20 +568,25 @@ func (m *Membership) heartbeat() {
 			return
 		case <-t.C:
 		}
+		m.wmu.Lock()
 		m.mu.RLock()
 		self, rev := m.self, m.rev
 		m.mu.RUnlock()
 		self.Beat++
+		self.ServerID, self.ClientID = m.connIdentity()
 		b, _ := json.Marshal(self)
 		reconnects := m.cfg.Conn.Stats().Reconnects
 		ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Heartbeat)
 		nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
 		cancel()
-		switch {
-		case err == nil:
+		if err == nil {
 			m.mu.Lock()
 			m.self, m.rev, m.confirmed = self, nrev, reconnects
 			m.mu.Unlock()
+		}
+		m.wmu.Unlock()
+		switch {
+		case err == nil:
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 			m.markLost("heartbeat found the entry removed or superseded")
 			return
@@ -577,9 +605,30 @@ func (m *Membership) markLost(why string) {
 	})
 }
 
+// SetDraining marks this generation draining in the registry: it keeps what
+// it holds but takes no new placements.
+func (m *Membership) SetDraining(ctx context.Context) error {
+	m.wmu.Lock()
+	defer m.wmu.Unlock()
+	m.mu.RLock()
+	self, rev := m.self, m.rev
+	m.mu.RUnlock()
+	self.Draining = true
+	b, _ := json.Marshal(self)
+	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.self, m.rev = self, nrev
+	m.mu.Unlock()
+	return nil
+}
+
 // Leave deletes this generation's entry (a graceful departure every node
 // sees at once) and stops. It is idempotent.
 func (m *Membership) Leave(ctx context.Context) error {
+	m.wmu.Lock()
 	m.mu.RLock()
 	self, rev := m.self, m.rev
 	m.mu.RUnlock()
@@ -592,6 +641,7 @@ func (m *Membership) Leave(ctx context.Context) error {
 			err = nil // already gone or superseded
 		}
 	}
+	m.wmu.Unlock()
 	m.Close()
 	return err
 }

@@ -1,0 +1,368 @@
+// Package directory maps addresses to their owner node generation in a
+// JetStream KV bucket (DESIGN §5–§6) and places unowned addresses.
+//
+// A node claims an address before it activates it (create-if-absent); a
+// claim naming a departed generation is replaced under a revision check.
+// Senders resolve an address through a local cache, then the directory, then
+// placement: rendezvous hashing over the live nodes that host the address's
+// kind, so concurrent senders pick the same node. A cache entry is dropped
+// when a delivery meets no responders or "not the owner"; no node watches
+// the whole directory. Owners re-verify their claims periodically, so a claim
+// lost or overwritten behind an owner's back (the directory is soft state
+// kept in memory storage) makes it stand down within one period.
+//
+// *Directory implements hub.Claims and mesh.Resolver.
+package directory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// DefaultVerifyInterval is how often an owner re-verifies its claims.
+const DefaultVerifyInterval = 2 * time.Second
+
+// ErrInvalidConfig: a required Config field is missing or invalid.
+var ErrInvalidConfig = errors.New("directory: invalid config")
+
+// Config holds the directory settings. Conn and Members are required.
+type Config struct {
+	Conn *nats.Conn
+	// Members is this node's membership: who is alive, who hosts a kind,
+	// and this node's own generation.
+	Members *membership.Membership
+	// Prefix names the bucket; zero means subjects.DefaultPrefix.
+	Prefix subjects.Prefix
+	// Replicas of the bucket (default 1; 3 on a 3-server cluster).
+	Replicas int
+	// VerifyInterval is how often claims are re-verified (default 2 s).
+	VerifyInterval time.Duration
+	// OnLost is called (on the verifier goroutine) for an address whose
+	// claim this node lost: it must deactivate the address.
+	OnLost func(addr subjects.Address)
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// BucketName returns the directory bucket of a prefix.
+func BucketName(p subjects.Prefix) string {
+	return "natsmesh_" + strings.ReplaceAll(string(p), ".", "_") + "_dir"
+}
+
+// Claim is a directory entry's value.
+type Claim struct {
+	Owner   subjects.NodeID `json:"owner"`
+	Claimed time.Time       `json:"claimed"`
+}
+
+// Directory is one node's handle on the directory. Safe for concurrent use.
+type Directory struct {
+	cfg     Config
+	kv      jetstream.KeyValue
+	members *membership.Membership
+	log     *slog.Logger
+
+	cache sync.Map // subjects.Address -> subjects.NodeID
+
+	mu    sync.Mutex
+	owned map[subjects.Address]uint64 // address -> revision of our claim
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// Open binds (or creates) the directory bucket and starts the claim
+// verifier.
+func Open(ctx context.Context, cfg Config) (*Directory, error) {
+	if cfg.Conn == nil || cfg.Members == nil {
+		return nil, fmt.Errorf("%w: Conn and Members are required", ErrInvalidConfig)
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = subjects.DefaultPrefix
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.VerifyInterval <= 0 {
+		cfg.VerifyInterval = DefaultVerifyInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	js, err := jetstream.New(cfg.Conn)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketName(cfg.Prefix),
+		Description: "natsmesh address directory",
+		Storage:     jetstream.MemoryStorage,
+		Replicas:    cfg.Replicas,
+		History:     1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("directory: bucket: %w", err)
+	}
+	dctx, cancel := context.WithCancel(context.Background())
+	d := &Directory{cfg: cfg, kv: kv, members: cfg.Members, log: cfg.Logger, owned: map[subjects.Address]uint64{}, ctx: dctx, cancel: cancel}
+	d.wg.Add(1)
+	go d.verifier()
+	return d, nil
+}
+
+func key(addr subjects.Address) string { return subjects.EncodeToken(string(addr)) }
+
+func (d *Directory) self() subjects.NodeID { return d.members.Self().Node }
+
+// unavailable wraps a KV failure as the resendable directory verdict.
+func unavailable(op string, err error) error {
+	return &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "directory " + op, Err: err}
+}
+
+// read returns the claim on addr and its revision (0 when absent).
+func (d *Directory) read(ctx context.Context, addr subjects.Address) (Claim, uint64, error) {
+	e, err := d.kv.Get(ctx, key(addr))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Claim{}, 0, nil
+	}
+	if err != nil {
+		return Claim{}, 0, err
+	}
+	var c Claim
+	if err := json.Unmarshal(e.Value(), &c); err != nil {
+		return Claim{}, e.Revision(), nil // unreadable: treat as unowned, replace under revision
+	}
+	return c, e.Revision(), nil
+}
+
+// Claim makes this node the owner of addr, or returns the live owner. A
+// claim naming a departed generation is replaced under a revision check
+// (hub.Claims).
+func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+	self := d.self()
+	b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
+	for range 5 {
+		rev, err := d.kv.Create(ctx, key(addr), b)
+		if err == nil {
+			d.own(addr, rev)
+			return self, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return subjects.NodeID{}, err
+		}
+		c, rev, err := d.read(ctx, addr)
+		if err != nil {
+			return subjects.NodeID{}, err
+		}
+		switch {
+		case rev == 0:
+			continue // released meanwhile: create again
+		case c.Owner == self:
+			d.own(addr, rev)
+			return self, nil
+		case d.members.Alive(c.Owner):
+			d.cache.Store(addr, c.Owner)
+			return c.Owner, nil
+		}
+		// The owner departed: take over under the revision check.
+		nrev, err := d.kv.Update(ctx, key(addr), b, rev)
+		if err == nil {
+			d.own(addr, nrev)
+			return self, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return subjects.NodeID{}, err
+		}
+	}
+	return subjects.NodeID{}, fmt.Errorf("directory: claim %s: contended", addr)
+}
+
+func (d *Directory) own(addr subjects.Address, rev uint64) {
+	d.mu.Lock()
+	d.owned[addr] = rev
+	d.mu.Unlock()
+	d.cache.Store(addr, d.self())
+}
+
+// Release removes this node's claim on addr (hub.Claims), under a revision
+// check so a newer owner's claim survives.
+func (d *Directory) Release(addr subjects.Address) {
+	d.mu.Lock()
+	rev, ok := d.owned[addr]
+	delete(d.owned, addr)
+	d.mu.Unlock()
+	d.cache.CompareAndDelete(addr, d.self())
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
+	defer cancel()
+	if err := d.kv.Delete(ctx, key(addr), jetstream.LastRevision(rev)); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && d.ctx.Err() == nil {
+		d.log.Warn("release claim", "address", string(addr), "err", err)
+	}
+}
+
+// Owned returns how many addresses this node holds claims on.
+func (d *Directory) Owned() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.owned)
+}
+
+// Resolve returns addr's owner: from the cache if that generation is alive,
+// else from the directory if its owner is alive, else the node placement
+// picks (mesh.Resolver). Errors: verdict.ErrNoPlacement when no live node
+// hosts the kind, verdict.ErrDirectoryUnavailable when the directory cannot
+// be read.
+func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+	if v, ok := d.cache.Load(addr); ok {
+		n := v.(subjects.NodeID)
+		if d.members.Alive(n) {
+			return n, nil
+		}
+		d.cache.CompareAndDelete(addr, n)
+	}
+	c, rev, err := d.read(ctx, addr)
+	if err != nil {
+		return subjects.NodeID{}, unavailable("read", err)
+	}
+	if rev != 0 && d.members.Alive(c.Owner) {
+		d.cache.Store(addr, c.Owner)
+		return c.Owner, nil
+	}
+	n, ok := Place(addr, d.members.Hosting(addr.Kind()))
+	if !ok {
+		return subjects.NodeID{}, &verdict.Error{Reason: verdict.ReasonNoPlacement, Message: fmt.Sprintf("no live node hosts kind %q", addr.Kind())}
+	}
+	return n, nil
+}
+
+// Invalidate drops the cached owner of addr if it is node (mesh.Resolver).
+func (d *Directory) Invalidate(addr subjects.Address, node subjects.NodeID) {
+	d.cache.CompareAndDelete(addr, node)
+}
+
+// Place picks addr's node among candidates by rendezvous (highest random
+// weight) hashing: every sender with the same candidates picks the same node,
+// and a departure moves only the addresses that were on the departed node.
+func Place(addr subjects.Address, candidates []subjects.NodeID) (subjects.NodeID, bool) {
+	var best subjects.NodeID
+	var bestW uint64
+	found := false
+	for _, n := range candidates {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(addr))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(n.Name))
+		w := mix(h.Sum64())
+		if !found || w > bestW || w == bestW && n.Name < best.Name {
+			best, bestW, found = n, w, true
+		}
+	}
+	return best, found
+}
+
+// mix is a 64-bit finalizer (splitmix64) spreading FNV's weak low bits.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// verifier re-reads every claim this node holds each interval; a claim that
+// is gone is re-created, one owned by another generation makes this node
+// stand down (OnLost).
+func (d *Directory) verifier() {
+	defer d.wg.Done()
+	t := time.NewTicker(d.cfg.VerifyInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.verify()
+	}
+}
+
+func (d *Directory) verify() {
+	d.mu.Lock()
+	owned := make(map[subjects.Address]uint64, len(d.owned))
+	for a, r := range d.owned {
+		owned[a] = r
+	}
+	d.mu.Unlock()
+	self := d.self()
+	for addr, rev := range owned {
+		ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
+		c, cur, err := d.read(ctx, addr)
+		switch {
+		case err != nil:
+			// Cannot tell: keep serving, look again next period.
+		case cur == rev && c.Owner == self:
+			// Still ours.
+		case cur == 0:
+			// Lost (e.g. the bucket was lost): re-claim.
+			b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
+			if nrev, err := d.kv.Create(ctx, key(addr), b); err == nil {
+				d.mu.Lock()
+				if _, still := d.owned[addr]; still {
+					d.owned[addr] = nrev
+				}
+				d.mu.Unlock()
+			} else if errors.Is(err, jetstream.ErrKeyExists) {
+				d.standDown(addr, "claim re-created by another node")
+			}
+		case c.Owner == self:
+			// Ours at another revision (re-claimed through another
+			// path): adopt it.
+			d.mu.Lock()
+			if _, still := d.owned[addr]; still {
+				d.owned[addr] = cur
+			}
+			d.mu.Unlock()
+		default:
+			d.standDown(addr, "claim overwritten by "+c.Owner.String())
+		}
+		cancel()
+	}
+}
+
+func (d *Directory) standDown(addr subjects.Address, why string) {
+	d.mu.Lock()
+	delete(d.owned, addr)
+	d.mu.Unlock()
+	d.cache.CompareAndDelete(addr, d.self())
+	d.log.Warn("claim lost: standing down", "address", string(addr), "why", why)
+	if f := d.cfg.OnLost; f != nil {
+		f(addr)
+	}
+}
+
+// Close stops the verifier. Claims stay until released or replaced.
+func (d *Directory) Close() {
+	d.once.Do(func() {
+		d.cancel()
+		d.wg.Wait()
+	})
+}
