@@ -366,6 +366,10 @@ func (c *Client) Close() {
 	})
 }
 
+// stopNew makes new deliveries fail with verdict.ErrClosing at once while
+// those in progress continue (a draining node's own outgoing deliveries).
+func (c *Client) stopNew() { c.closing.Store(true) }
+
 // Closed is closed once Close has finished.
 func (c *Client) Closed() <-chan struct{} { return c.closed }
 

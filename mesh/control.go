@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/subjects"
 )
 
 // Version is the natsmesh version nodes announce (semantic versioning).
@@ -31,7 +33,7 @@ const (
 
 // ControlSubject returns <prefix>.ctl.<name>.<verb>.
 func (n *Node) ControlSubject(verb string) string {
-	return n.prefix.Control(n.id.Name, verb)
+	return n.prefix.Control(n.cfg.Name, verb)
 }
 
 // Metadata keys of the micro service.
@@ -55,6 +57,18 @@ type NodeStatus struct {
 	Client     ClientStats `json:"client"`
 	Saturation Saturation  `json:"saturation"`
 	Ingress    int64       `json:"ingress"` // ingress messages taken
+	// With membership: the registry as this node sees it, departures of
+	// other generations it observed, times it was fenced and rejoined, and
+	// the addresses it holds claims on.
+	Membership *MembershipStatus `json:"membership,omitempty"`
+}
+
+// MembershipStatus is a node's view of the membership.
+type MembershipStatus struct {
+	Members    []membership.Member `json:"members"`
+	Departures int64               `json:"departures"`
+	Rejoins    int64               `json:"rejoins"`
+	Claims     int                 `json:"claims"`
 }
 
 // HubsReport lists a node's hub kinds and live activations.
@@ -78,22 +92,40 @@ type DrainReply struct {
 
 // Status returns the node's identity and counters.
 func (n *Node) Status() NodeStatus {
-	kinds := n.host.Kinds()
+	kinds := n.kindNames()
 	slices.Sort(kinds)
+	var hs hub.Stats
+	if h := n.Host(); h != nil {
+		hs = h.Stats()
+	}
 	return NodeStatus{
-		Node: n.id.String(), Name: n.id.Name, Generation: n.id.Generation,
+		Node: n.ID().String(), Name: n.cfg.Name, Generation: n.ID().Generation,
 		Prefix: string(n.prefix), Version: Version, Started: n.started, Kinds: kinds,
-		Draining: n.draining.Load(), Host: n.host.Stats(), Client: n.Client.Stats(),
+		Draining: n.draining.Load(), Host: hs, Client: n.Client.Stats(),
 		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(),
+		Membership: n.membershipStatus(),
+	}
+}
+
+func (n *Node) membershipStatus() *MembershipStatus {
+	inc := n.current()
+	if inc == nil || inc.members == nil {
+		return nil
+	}
+	return &MembershipStatus{
+		Members: inc.members.Members(), Departures: n.departures.Load(), Rejoins: n.rejoins.Load(), Claims: inc.dir.Owned(),
 	}
 }
 
 // Hubs returns the node's kinds and activations.
 func (n *Node) Hubs() HubsReport {
-	kinds := n.host.Kinds()
+	kinds := n.kindNames()
 	slices.Sort(kinds)
-	addrs := n.host.Addresses()
-	r := HubsReport{Node: n.id.String(), Kinds: kinds, Activations: len(addrs)}
+	var addrs []subjects.Address
+	if h := n.Host(); h != nil {
+		addrs = h.Addresses()
+	}
+	r := HubsReport{Node: n.ID().String(), Kinds: kinds, Activations: len(addrs)}
 	slices.Sort(addrs)
 	if len(addrs) > MaxListed {
 		addrs, r.Truncated = addrs[:MaxListed], true
@@ -110,12 +142,12 @@ func (n *Node) serveControl() error {
 	svc, err := micro.AddService(n.conn, micro.Config{
 		Name:        ServiceName,
 		Version:     Version,
-		Description: "natsmesh node " + n.id.String(),
+		Description: "natsmesh node " + n.ID().String(),
 		Metadata: map[string]string{
-			MetaNode:     n.id.String(),
+			MetaNode:     n.ID().String(),
 			MetaPrefix:   string(n.prefix),
-			"name":       n.id.Name,
-			"generation": strconv.FormatUint(n.id.Generation, 10),
+			"name":       n.cfg.Name,
+			"generation": strconv.FormatUint(n.ID().Generation, 10),
 		},
 	})
 	if err != nil {
@@ -141,7 +173,7 @@ func (n *Node) serveControl() error {
 		{ControlStats, func(r micro.Request) { respond(r, n.Status()) }},
 		{ControlHubs, func(r micro.Request) { respond(r, n.Hubs()) }},
 		{ControlDrain, func(r micro.Request) {
-			respond(r, DrainReply{Node: n.id.String(), Draining: true})
+			respond(r, DrainReply{Node: n.ID().String(), Draining: true})
 			go n.onDrain()
 		}},
 	} {

@@ -43,7 +43,7 @@ func (n *Node) ingress(m *nats.Msg) {
 	select {
 	case n.ingressSem <- struct{}{}:
 	default:
-		n.answerIngress(m, "", "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full", n.id), nil)
+		n.answerIngress(m, "", "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full", n.ID()), nil)
 		return
 	}
 	n.ingressWG.Add(1)

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -21,10 +23,9 @@ type NodeConfig struct {
 	Conn *nats.Conn
 	// Name is the node name, [A-Za-z0-9_-]{1,64}. Required.
 	Name string
-	// Generation is this incarnation's generation; zero means the start
-	// time in nanoseconds since the epoch (strictly increasing across
-	// restarts of one host). The membership layer replaces this with a
-	// registry revision.
+	// Generation is this incarnation's generation without membership;
+	// zero means the start time in nanoseconds since the epoch. With
+	// membership the registry assigns it (strictly increasing per name).
 	Generation uint64
 	// Prefix is the subject prefix; zero means subjects.DefaultPrefix.
 	Prefix subjects.Prefix
@@ -49,6 +50,25 @@ type NodeConfig struct {
 	// IngressConcurrency bounds ingress deliveries forwarded at once;
 	// zero means DefaultIngressConcurrency.
 	IngressConcurrency int
+	// Membership, when set, makes the node part of a multi-node mesh (see
+	// MembershipConfig); Generation is then chosen at Start by the
+	// registry. Nil means a one-node mesh.
+	Membership *MembershipConfig
+}
+
+// MembershipConfig turns on the multi-node mesh (DESIGN §5–§6): the node
+// registers in the KV registry with a generation of its own, claims
+// addresses in the KV directory before activating them, resolves addresses
+// through the directory and placement, fails everything in flight to a
+// departed generation at once, and fences itself (serves nothing, then
+// rejoins with a fresh generation) when it was declared gone. Zero fields
+// take the defaults of packages membership and directory.
+type MembershipConfig struct {
+	Heartbeat       time.Duration // registry heartbeat (default 1 s)
+	TTL             time.Duration // a silent node is gone after this (default 3 s)
+	Replicas        int           // KV replicas (default 1; 3 on a 3-server cluster)
+	AdvisorySubject string        // client-disconnect advisories (default membership.DefaultAdvisorySubject; "-" disables)
+	VerifyInterval  time.Duration // claim re-verification (default 2 s)
 }
 
 // Node is one mesh process: a hub host that receives deliveries for its node
@@ -56,12 +76,16 @@ type NodeConfig struct {
 type Node struct {
 	*Client
 	cfg     NodeConfig
-	host    *hub.Host
-	id      subjects.NodeID
 	conn    *nats.Conn
 	prefix  subjects.Prefix
 	log     *slog.Logger
 	started time.Time
+	opts    []Option
+
+	mu      sync.RWMutex
+	inc     *incarnation // the current generation's parts
+	kinds   map[string]hub.Factory
+	running bool
 
 	ingressSub   *nats.Subscription
 	ingressSem   chan struct{}
@@ -71,12 +95,21 @@ type Node struct {
 	draining     atomic.Bool
 	stopOnce     sync.Once
 	ingressOnce  sync.Once
+
+	departures atomic.Int64 // departures of other generations observed
+	rejoins    atomic.Int64 // times this node was fenced and rejoined
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
 }
 
 // NewNode validates cfg and builds a node; register hub kinds with
 // [Node.Register], then call [Node.Start]. opts tune the sending side.
 // Errors match [ErrInvalidConfig] or hub.ErrInvalidConfig.
 func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
+	if cfg.Conn == nil {
+		return nil, fmt.Errorf("%w: Conn is nil", ErrInvalidConfig)
+	}
 	if cfg.Generation == 0 {
 		cfg.Generation = uint64(time.Now().UnixNano())
 	}
@@ -90,45 +123,166 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = subjects.DefaultPrefix
 	}
+	if err := cfg.Prefix.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	if cfg.IngressConcurrency <= 0 {
 		cfg.IngressConcurrency = DefaultIngressConcurrency
 	}
-	hc := cfg.Host
-	hc.Conn, hc.Node, hc.Prefix, hc.Logger = cfg.Conn, id, cfg.Prefix, cfg.Logger
-	h, err := hub.New(hc)
-	if err != nil {
-		return nil, err
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &Node{
+		cfg: cfg, conn: cfg.Conn, prefix: cfg.Prefix, opts: opts,
+		log: cfg.Logger.With("node", cfg.Name), started: time.Now(),
+		ingressSem: make(chan struct{}, cfg.IngressConcurrency),
+		kinds:      map[string]hub.Factory{},
+		ctx:        ctx, cancel: cancel,
 	}
-	if cfg.Resolver == nil {
-		cfg.Resolver = StaticResolver{Node: id}
+	res := cfg.Resolver
+	switch {
+	case cfg.Membership != nil && res == nil:
+		res = nodeResolver{n}
+	case res == nil:
+		res = StaticResolver{Node: id}
 	}
-	c, err := NewClient(Config{Conn: cfg.Conn, Resolver: cfg.Resolver, Identity: id, Prefix: cfg.Prefix},
+	c, err := NewClient(Config{Conn: cfg.Conn, Resolver: res, Identity: id, Prefix: cfg.Prefix},
 		append([]Option{WithLogger(cfg.Logger)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
-	return &Node{
-		Client: c, cfg: cfg, host: h, id: id, conn: cfg.Conn, prefix: cfg.Prefix,
-		log: cfg.Logger.With("node", id.String()), started: time.Now(),
-		ingressSem: make(chan struct{}, cfg.IngressConcurrency),
-	}, nil
+	n.Client = c
+	if cfg.Membership == nil {
+		// One node: the generation is fixed now.
+		h, err := n.newHost(id, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		n.inc = &incarnation{id: id, host: h}
+	}
+	return n, nil
 }
 
-// ID returns the node generation.
-func (n *Node) ID() subjects.NodeID { return n.id }
+// incarnation is one generation of the node: its host and, with
+// membership, its registration and directory handle.
+type incarnation struct {
+	id      subjects.NodeID
+	host    *hub.Host
+	members *membership.Membership
+	dir     *directory.Directory
+	stopEv  func()
+}
 
-// Host returns the receiving side.
-func (n *Node) Host() *hub.Host { return n.host }
+func (n *Node) current() *incarnation {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.inc
+}
 
-// Register installs the hub factory for an address kind.
-func (n *Node) Register(kind string, f hub.Factory) error { return n.host.Register(kind, f) }
+// ID returns the node's current generation (zero before Start with
+// membership).
+func (n *Node) ID() subjects.NodeID {
+	if inc := n.current(); inc != nil {
+		return inc.id
+	}
+	return subjects.NodeID{}
+}
 
-// Start subscribes the node's delivery subject, then (unless disabled) the
-// ingress and the control service. On error everything started is stopped.
+// Host returns the current generation's receiving side (nil before Start
+// with membership).
+func (n *Node) Host() *hub.Host {
+	if inc := n.current(); inc != nil {
+		return inc.host
+	}
+	return nil
+}
+
+// Members returns the node's membership view, or nil without membership.
+func (n *Node) Members() *membership.Membership {
+	if inc := n.current(); inc != nil {
+		return inc.members
+	}
+	return nil
+}
+
+// Directory returns the node's directory handle, or nil without membership.
+func (n *Node) Directory() *directory.Directory {
+	if inc := n.current(); inc != nil {
+		return inc.dir
+	}
+	return nil
+}
+
+// Register installs the hub factory for an address kind; it survives a
+// rejoin. Errors match hub.ErrKindRegistered.
+func (n *Node) Register(kind string, f hub.Factory) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.kinds[kind]; ok {
+		return fmt.Errorf("%w: %q", hub.ErrKindRegistered, kind)
+	}
+	n.kinds[kind] = f
+	if n.inc != nil {
+		return n.inc.host.Register(kind, f)
+	}
+	return nil
+}
+
+func (n *Node) kindNames() []string {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	out := make([]string, 0, len(n.kinds))
+	for k := range n.kinds {
+		out = append(out, k)
+	}
+	return out
+}
+
+// newHost builds a host for generation id with the registered kinds.
+func (n *Node) newHost(id subjects.NodeID, claims hub.Claims, fence func() error) (*hub.Host, error) {
+	hc := n.cfg.Host
+	hc.Conn, hc.Node, hc.Prefix, hc.Logger = n.conn, id, n.prefix, n.cfg.Logger
+	if claims != nil {
+		hc.Claims = claims
+	}
+	if fence != nil {
+		hc.Fence = fence
+	}
+	h, err := hub.New(hc)
+	if err != nil {
+		return nil, err
+	}
+	n.mu.RLock()
+	for k, f := range n.kinds {
+		_ = h.Register(k, f)
+	}
+	n.mu.RUnlock()
+	return h, nil
+}
+
+// DefaultStartTimeout bounds joining the membership in Start.
+const DefaultStartTimeout = 30 * time.Second
+
+// Start joins the membership (if configured), subscribes the node's
+// delivery subject, then (unless disabled) the ingress and the control
+// service. On error everything started is stopped.
 func (n *Node) Start() error {
-	if err := n.host.Start(); err != nil {
+	if n.cfg.Membership != nil {
+		ctx, cancel := context.WithTimeout(n.ctx, DefaultStartTimeout)
+		defer cancel()
+		inc, err := n.join(ctx)
+		if err != nil {
+			return err
+		}
+		n.mu.Lock()
+		n.inc = inc
+		n.mu.Unlock()
+		n.wg.Add(1)
+		go n.fencing()
+	} else if err := n.current().host.Start(); err != nil {
 		return err
 	}
+	n.mu.Lock()
+	n.running = true
+	n.mu.Unlock()
 	if !n.cfg.DisableIngress {
 		if err := n.serveIngress(); err != nil {
 			n.Close()
@@ -144,31 +298,67 @@ func (n *Node) Start() error {
 	return n.conn.Flush()
 }
 
-// Drain stops taking ingress and control requests, refuses new deliveries
-// ShuttingDown, settles the accepted ones (handled, or failed late with
-// ShuttingDown once ctx ends), waits for forwarded ingress deliveries and
-// closes the client. It does not close the NATS connection, which the caller
-// owns. It returns ctx's error if ctx ended before everything settled. Safe
-// to call more than once.
+// Drain stops taking ingress requests and new outgoing deliveries, marks the
+// node draining in the registry (no new placements), refuses new deliveries
+// ShuttingDown so senders re-resolve elsewhere, settles the accepted ones
+// (handled, or failed late with ShuttingDown once ctx ends), releases its
+// claims, leaves the membership, and closes the client. It does not close
+// the NATS connection, which the caller owns. It returns ctx's error if ctx
+// ended before everything settled. Safe to call more than once.
 func (n *Node) Drain(ctx context.Context) error {
 	n.draining.Store(true)
 	n.stopIngress()
-	err := n.host.Drain(ctx)
+	n.Client.stopNew()
+	inc := n.current()
+	if inc != nil && inc.members != nil {
+		if err := inc.members.SetDraining(ctx); err != nil {
+			n.log.Warn("could not mark the node draining in the registry", "err", err)
+		}
+	}
+	var err error
+	if inc != nil {
+		err = inc.host.Drain(ctx) // releases each claim as it deactivates
+	}
 	n.ingressWG.Wait()
+	n.cancel()
+	n.wg.Wait()
+	if inc != nil && inc.members != nil {
+		inc.stopEv()
+		inc.dir.Close()
+		lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if lerr := inc.members.Leave(lctx); lerr != nil {
+			n.log.Warn("leave membership", "err", lerr)
+		}
+		lcancel()
+	}
 	n.Client.Close()
 	n.stopServing() // the control service reports "draining" until here
 	return err
 }
 
 // Close stops the node at once: queued deliveries fail late with
-// ShuttingDown. Safe to call more than once.
+// ShuttingDown; the registration is left to expire. Safe to call more than
+// once.
 func (n *Node) Close() error {
 	n.draining.Store(true)
 	n.stopServing()
-	n.host.Close()
+	n.cancel()
+	n.wg.Wait()
+	if inc := n.current(); inc != nil {
+		inc.close()
+	}
 	n.Client.Close()
 	n.ingressWG.Wait()
 	return nil
+}
+
+func (inc *incarnation) close() {
+	inc.host.Close()
+	if inc.members != nil {
+		inc.stopEv()
+		inc.dir.Close()
+		inc.members.Close()
+	}
 }
 
 func (n *Node) stopIngress() {
