@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,30 +13,23 @@ import (
 	"github.com/natsmesh/natsmesh/internal/natstest"
 )
 
-// kvBucket returns a JetStream KV bucket on an in-process server, shared by
-// every fuzz input of the process, so key validity is judged by nats.go's
-// own check (KeyValue.Get refuses an invalid key with ErrInvalidKey before
-// it sends anything) rather than by a copy of its pattern.
-var (
-	kvOnce sync.Once
-	kv     jetstream.KeyValue
-)
-
+// kvBucket returns a JetStream KV bucket on an in-process server, used by
+// every input of the fuzz target, so key validity is judged by nats.go's own
+// check (KeyValue.Get refuses an invalid key with ErrInvalidKey before it
+// sends anything) rather than by a copy of its pattern.
 func kvBucket(f *testing.F) jetstream.KeyValue {
-	kvOnce.Do(func() {
-		s := natstest.RunServer(f)
-		nc := natstest.Connect(f, s)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			f.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "fuzz", Storage: jetstream.MemoryStorage})
-		if err != nil {
-			f.Fatal(err)
-		}
-	})
+	s := natstest.RunServer(f)
+	nc := natstest.Connect(f, s)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		f.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "fuzz", Storage: jetstream.MemoryStorage})
+	if err != nil {
+		f.Fatal(err)
+	}
 	return kv
 }
 
