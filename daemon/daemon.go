@@ -21,6 +21,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -28,6 +29,7 @@ import (
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -70,6 +72,23 @@ type Config struct {
 	// TLS for an external cluster: client certificate and key, and a CA
 	// file to verify the servers.
 	TLSCert, TLSKey, TLSCA string
+
+	// Standalone runs a one-node mesh without the registry and directory
+	// (no JetStream needed). By default the node joins the membership:
+	// generations from the registry, claims and placement through the
+	// directory, prompt failure on departures.
+	Standalone bool
+	// KVReplicas is the replica count of the registry and directory
+	// buckets (default 1; use 3 on a 3-server cluster).
+	KVReplicas int
+	// Heartbeat and TTL tune departure detection by the registry (defaults
+	// 1 s and 3 s); the disconnect advisory is faster where the account
+	// configuration provides it (docs/operations.md).
+	Heartbeat, TTL time.Duration
+	// AdvisorySubject overrides where disconnect advisories are read;
+	// zero means the default for the embedded server or
+	// membership.DefaultAdvisorySubject.
+	AdvisorySubject string
 
 	// HTTP is the address of /metrics, /healthz and /readyz; empty
 	// disables the HTTP server.
@@ -184,13 +203,21 @@ func Run(ctx context.Context, cfg Config) error {
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	node, err := mesh.NewNode(mesh.NodeConfig{
+	met := newDepartureMetrics()
+	ncfg := mesh.NodeConfig{
 		Conn: nc, Name: cfg.Name, Prefix: cfg.Prefix, Logger: log,
 		OnDrainRequest: func() {
 			log.Info("drain requested over the control subject")
 			stop()
 		},
-	})
+		OnMembershipEvent: met.observe,
+	}
+	if !cfg.Standalone {
+		ncfg.Membership = &mesh.MembershipConfig{
+			Heartbeat: cfg.Heartbeat, TTL: cfg.TTL, Replicas: cfg.KVReplicas, AdvisorySubject: cfg.AdvisorySubject,
+		}
+	}
+	node, err := mesh.NewNode(ncfg)
 	if err != nil {
 		return err
 	}
@@ -200,6 +227,9 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if err := node.Start(); err != nil {
+		if !cfg.Standalone && (errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)) {
+			return fmt.Errorf("daemon: start node: %w (the membership needs JetStream on the NATS account; or run standalone)", err)
+		}
 		return fmt.Errorf("daemon: start node: %w", err)
 	}
 	info.Node = node.ID()
@@ -213,7 +243,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("daemon: http: %w", err)
 		}
 		info.HTTPAddr = ln.Addr().String()
-		httpSrv = &http.Server{Handler: handler(node, nc, &ready), ReadHeaderTimeout: 5 * time.Second}
+		httpSrv = &http.Server{Handler: handler(node, nc, &ready, met), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("http server failed", "err", err)
@@ -292,7 +322,7 @@ func startEmbedded(cfg Config) (*server.Server, error) {
 func connect(cfg Config, url string) (*nats.Conn, error) {
 	log := cfg.Logger
 	opts := []nats.Option{
-		nats.Name("meshd " + cfg.Name),
+		nats.Name(membership.ConnNamePrefix + cfg.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -336,9 +366,9 @@ func connect(cfg Config, url string) (*nats.Conn, error) {
 }
 
 // handler serves /metrics, /healthz and /readyz.
-func handler(node *mesh.Node, nc *nats.Conn, ready *atomic.Bool) http.Handler {
+func handler(node *mesh.Node, nc *nats.Conn, ready *atomic.Bool, met *departureMetrics) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newCollector(node))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newCollector(node), met.events, met.latency)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -6,7 +6,36 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/mesh/membership"
 )
+
+// departureMetrics count membership events and how long departures took to
+// detect.
+type departureMetrics struct {
+	events  *prometheus.CounterVec
+	latency *prometheus.HistogramVec
+}
+
+func newDepartureMetrics() *departureMetrics {
+	return &departureMetrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "natsmesh_membership_events_total",
+			Help: "Membership events seen by this node, by type (joined, left, expired, superseded, disconnected).",
+		}, []string{"type"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "natsmesh_departure_detection_seconds",
+			Help:    "Time from a node's departure to its detection here, by how it was detected.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2, 3, 5, 10},
+		}, []string{"how"}),
+	}
+}
+
+func (d *departureMetrics) observe(e membership.Event) {
+	d.events.WithLabelValues(e.Type.String()).Inc()
+	if e.Type.Departed() {
+		d.latency.WithLabelValues(e.Type.String()).Observe(e.Latency.Seconds())
+	}
+}
 
 // collector reads a node's counters on each scrape: the delivery path pays
 // nothing for metrics.
@@ -14,8 +43,8 @@ type collector struct {
 	node *mesh.Node
 
 	deliveries, retries, legs, peakLegs, lanes, destinations, deepest, episodes *prometheus.Desc
-	accepted, dedupe, refused, handled, late, activations, queued, deactivated *prometheus.Desc
-	ingress                                                                    *prometheus.Desc
+	accepted, dedupe, refused, handled, late, activations, queued, deactivated  *prometheus.Desc
+	ingress                                                                     *prometheus.Desc
 }
 
 func newCollector(n *mesh.Node) *collector {

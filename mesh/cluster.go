@@ -69,9 +69,15 @@ func (n *Node) join(ctx context.Context) (*incarnation, error) {
 	}
 	inc.host = h
 	inc.stopEv = m.OnEvent(func(e membership.Event) {
-		if e.Type.Departed() && e.Member.Node != inc.id {
+		if e.Member.Node == inc.id {
+			return
+		}
+		if e.Type.Departed() {
 			n.departures.Add(1)
 			n.Client.FailNode(e.Member.Node, e.Type.String())
+		}
+		if f := n.cfg.OnMembershipEvent; f != nil {
+			f(e)
 		}
 	})
 	if err := h.Start(); err != nil {

@@ -54,6 +54,10 @@ type NodeConfig struct {
 	// MembershipConfig); Generation is then chosen at Start by the
 	// registry. Nil means a one-node mesh.
 	Membership *MembershipConfig
+	// OnMembershipEvent, if set, receives every membership event (joins
+	// and departures of other generations, across rejoins), e.g. for
+	// metrics. It runs on the membership watcher; it must not block.
+	OnMembershipEvent func(membership.Event)
 }
 
 // MembershipConfig turns on the multi-node mesh (DESIGN §5–§6): the node

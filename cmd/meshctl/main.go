@@ -183,7 +183,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	pf.StringVarP(&g.server, "server", "s", defServer, "NATS server URL(s), comma separated; the default is NATS_URL if set")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.StringVar(&g.prefix, "prefix", string(subjects.DefaultPrefix), "subject prefix of the mesh")
-	pf.DurationVar(&g.timeout, "timeout", 5*time.Second, "how long to wait for an answer")
+	pf.DurationVar(&g.timeout, "timeout", 15*time.Second, "how long to wait for an answer (covers the mesh's ≈10 s retry ladder)")
 	pf.StringVar(&g.creds, "creds", "", "NATS user credentials file")
 	pf.StringVar(&g.user, "user", "", "NATS user name")
 	pf.StringVar(&g.password, "password", "", "NATS password")

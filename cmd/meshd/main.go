@@ -21,6 +21,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/daemon"
 	"github.com/natsmesh/natsmesh/hubs"
+	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -33,7 +34,9 @@ type options struct {
 	name, prefix, hubs, natsURL, listen, dataDir        string
 	creds, nkey, user, password, tlsCert, tlsKey, tlsCA string
 	http, logFormat, logLevel                           string
-	drainTimeout                                        time.Duration
+	drainTimeout, heartbeat, ttl                        time.Duration
+	standalone                                          bool
+	kvReplicas                                          int
 }
 
 // env returns the environment variable's value, or def.
@@ -106,10 +109,16 @@ Every flag can also be set by the environment variable in its help text.`,
 	f.StringVar(&o.tlsCA, "tls-ca", env("MESHD_TLS_CA", ""), "TLS CA file to verify the NATS servers (MESHD_TLS_CA)")
 	f.StringVar(&o.http, "http", env("MESHD_HTTP", "127.0.0.1:7070"), "address of /metrics, /healthz, /readyz; empty disables (MESHD_HTTP)")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", daemon.DefaultDrainTimeout, "bound on the drain at shutdown (MESHD_DRAIN_TIMEOUT)")
+	f.BoolVar(&o.standalone, "standalone", env("MESHD_STANDALONE", "") == "true", "a one-node mesh without the membership registry and directory (MESHD_STANDALONE=true)")
+	f.IntVar(&o.kvReplicas, "kv-replicas", 1, "replicas of the registry and directory KV buckets; 3 on a 3-server cluster (MESHD_KV_REPLICAS)")
+	f.DurationVar(&o.heartbeat, "heartbeat", membership.DefaultHeartbeat, "registry heartbeat (MESHD_HEARTBEAT)")
+	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone (MESHD_TTL)")
 	f.StringVar(&o.logFormat, "log-format", env("MESHD_LOG_FORMAT", "auto"), "auto (text on a terminal, else JSON), text or json (MESHD_LOG_FORMAT)")
 	f.StringVar(&o.logLevel, "log-level", env("MESHD_LOG_LEVEL", "info"), "debug, info, warn or error (MESHD_LOG_LEVEL)")
-	if v, ok := os.LookupEnv("MESHD_DRAIN_TIMEOUT"); ok {
-		_ = f.Set("drain-timeout", v)
+	for flag, key := range map[string]string{"drain-timeout": "MESHD_DRAIN_TIMEOUT", "kv-replicas": "MESHD_KV_REPLICAS", "heartbeat": "MESHD_HEARTBEAT", "ttl": "MESHD_TTL"} {
+		if v, ok := os.LookupEnv(key); ok {
+			_ = f.Set(flag, v)
+		}
 	}
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
@@ -138,6 +147,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 		CredsFile: o.creds, NKeyFile: o.nkey, User: o.user, Password: o.password,
 		TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSCA: o.tlsCA,
 		HTTP: o.http, DrainTimeout: o.drainTimeout, Logger: logger,
+		Standalone: o.standalone, KVReplicas: o.kvReplicas, Heartbeat: o.heartbeat, TTL: o.ttl,
 		Ready: func(info daemon.Info) {
 			if info.Embedded {
 				fmt.Fprintf(stdout, "meshd: node %s serving on embedded NATS at %s\n", info.Node, info.NATSURL)

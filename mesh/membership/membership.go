@@ -65,6 +65,8 @@ type Member struct {
 	Version string          `json:"version"`
 	Started time.Time       `json:"started"`
 	Beat    uint64          `json:"beat"` // heartbeats sent
+	// BeatAt is when the last heartbeat was written (the writer's clock).
+	BeatAt time.Time `json:"beat_at"`
 	// Draining: the node is draining; it still serves what it holds but
 	// takes no new placements.
 	Draining bool `json:"draining,omitempty"`
@@ -103,10 +105,15 @@ func (t EventType) String() string {
 func (t EventType) Departed() bool { return t != Joined }
 
 // Event is a change of membership. At is when this node learned it.
+// Latency, for a departure, estimates how long after the fact it was
+// detected: from the advisory's timestamp (Disconnected), from the member's
+// last heartbeat (Expired, which includes the TTL), from the new
+// generation's start (Superseded); zero for Left and Joined.
 type Event struct {
-	Type   EventType
-	Member Member
-	At     time.Time
+	Type    EventType
+	Member  Member
+	At      time.Time
+	Latency time.Duration
 }
 
 // Config holds the membership settings. Conn, Self and Kinds are required;
@@ -287,6 +294,7 @@ func (m *Membership) register(ctx context.Context) error {
 		self := m.self
 		self.Node = subjects.NodeID{Name: name, Generation: gen}
 		self.ServerID, self.ClientID = m.connIdentity()
+		self.BeatAt = time.Now().UTC()
 		b, _ := json.Marshal(self)
 		confirmed := m.cfg.Conn.Stats().Reconnects
 		var rev uint64
@@ -405,8 +413,8 @@ func (m *Membership) emit(e Event) {
 }
 
 // depart removes node's generation from the live set and emits the event,
-// once per generation.
-func (m *Membership) depart(node subjects.NodeID, t EventType) {
+// once per generation. since is when the departure happened, if known.
+func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time) {
 	m.mu.Lock()
 	v, ok := m.live[node.Name]
 	if !ok || v.Node != node {
@@ -415,8 +423,17 @@ func (m *Membership) depart(node subjects.NodeID, t EventType) {
 	}
 	delete(m.live, node.Name)
 	m.mu.Unlock()
-	m.log.Info("node departed", "departed", node.String(), "how", t.String())
-	m.emit(Event{Type: t, Member: v, At: time.Now()})
+	now := time.Now()
+	var lat time.Duration
+	switch {
+	case t == Expired:
+		lat = now.Sub(v.BeatAt)
+	case !since.IsZero():
+		lat = now.Sub(since)
+	}
+	lat = max(lat, 0)
+	m.log.Info("node departed", "departed", node.String(), "how", t.String(), "detected_after", lat.String())
+	m.emit(Event{Type: t, Member: v, At: now, Latency: lat})
 }
 
 // watch follows the registry.
@@ -478,7 +495,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		}
 		m.mu.Unlock()
 		if had {
-			m.depart(old.Node, Superseded)
+			m.depart(old.Node, Superseded, v.Started)
 		}
 		m.mu.Lock()
 		m.live[name] = v
@@ -495,7 +512,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		if e.Operation() == jetstream.KeyValuePurge {
 			t = Expired // a MaxAge marker
 		}
-		m.depart(old.Node, t)
+		m.depart(old.Node, t, time.Time{})
 	}
 	self := m.Self()
 	if name == self.Node.Name {
@@ -510,6 +527,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 
 // disconnectAdvisory is the part of server.DisconnectEventMsg we read.
 type disconnectAdvisory struct {
+	Time   time.Time `json:"timestamp"`
 	Server struct {
 		ID string `json:"id"`
 	} `json:"server"`
@@ -540,7 +558,7 @@ func (m *Membership) onAdvisory(msg *nats.Msg) {
 	if node.IsZero() || node == m.Self().Node {
 		return // not a member, or our own link: the heartbeat decides about us
 	}
-	m.depart(node, Disconnected)
+	m.depart(node, Disconnected, a.Time)
 	// Remove its entry so every node converges and the departed process,
 	// should it come back, finds itself gone. The revision check keeps a
 	// newer generation's entry.
@@ -573,6 +591,7 @@ func (m *Membership) heartbeat() {
 		self, rev := m.self, m.rev
 		m.mu.RUnlock()
 		self.Beat++
+		self.BeatAt = time.Now().UTC()
 		self.ServerID, self.ClientID = m.connIdentity()
 		b, _ := json.Marshal(self)
 		reconnects := m.cfg.Conn.Stats().Reconnects
