@@ -54,15 +54,40 @@ func newNodesCmd(g *globals) *cobra.Command {
 						return writeJSON(g.stdout, st)
 					}
 					now := time.Now()
-					t := newTable(g.stdout, "NAME", "GENERATION", "VERSION", "STARTED", "KINDS", "ACTIVATIONS", "LEGS IN FLIGHT", "DRAINING")
+					t := newTable(g.stdout, "NAME", "GENERATION", "VERSION", "STARTED", "KINDS", "ACTIVATIONS", "CLAIMS", "LEGS IN FLIGHT", "MEMBERSHIP", "DRAINING")
 					for _, s := range st {
+						claims := "-"
+						if s.Membership != nil {
+							claims = fmt.Sprint(s.Membership.Claims)
+						}
 						t.row(s.Name, s.Generation, s.Version, age(s.Started, now), orDash(strings.Join(s.Kinds, ",")),
-							s.Host.Activations, s.Saturation.LegsInFlight, yesNo(s.Draining))
+							s.Host.Activations, claims, s.Saturation.LegsInFlight, membershipState(s), yesNo(s.Draining))
 					}
 					return t.flush()
 				})
 		},
 	}
+}
+
+// membershipState reads a node's registry entry as that node sees it:
+// "standalone" without membership, else "member" or "draining" with the
+// number of live generations it sees and the rejoins it made.
+func membershipState(s mesh.NodeStatus) string {
+	m := s.Membership
+	if m == nil {
+		return "standalone"
+	}
+	state := "member"
+	for _, v := range m.Members {
+		if v.Node.String() == s.Node && v.Draining {
+			state = "draining"
+		}
+	}
+	out := fmt.Sprintf("%s (sees %d)", state, len(m.Members))
+	if m.Rejoins > 0 {
+		out += fmt.Sprintf(", rejoined %d×", m.Rejoins)
+	}
+	return out
 }
 
 // maxAddressesShown is how many addresses a hubs table row lists.
