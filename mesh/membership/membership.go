@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -199,6 +200,7 @@ type Membership struct {
 
 	lost      chan struct{}
 	lostOnce  sync.Once
+	leaving   atomic.Bool // Leave is deleting our entry: our own departure is no news
 	ready     chan struct{} // the registry's initial state was read
 	readyOnce sync.Once
 	ctx       context.Context
@@ -475,6 +477,9 @@ func (m *Membership) follow(w jetstream.KeyWatcher) {
 
 func (m *Membership) apply(e jetstream.KeyValueEntry) {
 	name := e.Key()
+	if m.leaving.Load() && name == m.cfg.Name {
+		return
+	}
 	switch e.Operation() {
 	case jetstream.KeyValuePut:
 		var v Member
@@ -652,6 +657,7 @@ func (m *Membership) Leave(ctx context.Context) error {
 	self, rev := m.self, m.rev
 	m.mu.RUnlock()
 	var err error
+	m.leaving.Store(true)
 	select {
 	case <-m.lost:
 	default:
