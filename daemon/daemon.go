@@ -192,6 +192,9 @@ func Run(ctx context.Context, cfg Config) error {
 			ns.WaitForShutdown()
 		}()
 		url, info.Embedded = ns.ClientURL(), true
+		if cfg.AdvisorySubject == "" {
+			cfg.AdvisorySubject = AdvisorySubjectEmbedded
+		}
 		log.Info("embedded NATS server running", "url", url, "jetstream_dir", cfg.DataDir)
 	}
 	nc, err := connect(cfg, url)
@@ -282,8 +285,7 @@ func Run(ctx context.Context, cfg Config) error {
 // startEmbedded runs a nats-server in this process on cfg.Listen with
 // JetStream in cfg.DataDir.
 func startEmbedded(cfg Config) (*server.Server, error) {
-	host, _, err := net.SplitHostPort(cfg.Listen)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(cfg.Listen); err != nil {
 		return nil, fmt.Errorf("%w: listen %q: %w", ErrInvalidConfig, cfg.Listen, err)
 	}
 	// nats-server reports a busy port only in its log; check first so the
@@ -292,19 +294,14 @@ func startEmbedded(cfg Config) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: embedded NATS server cannot listen on %s: %w", cfg.Listen, err)
 	}
-	p := ln.Addr().(*net.TCPAddr).Port
+	bound := ln.Addr().String()
 	_ = ln.Close()
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("daemon: data dir: %w", err)
 	}
-	opts := &server.Options{
-		ServerName: "meshd-" + cfg.Name,
-		Host:       host,
-		Port:       p,
-		JetStream:  true,
-		StoreDir:   cfg.DataDir,
-		NoSigs:     true,
-		NoLog:      true,
+	opts, err := EmbeddedOptions(bound, cfg.DataDir, "meshd-"+cfg.Name)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {

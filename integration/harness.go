@@ -53,8 +53,8 @@ func Build(t testing.TB) Binaries {
 			NATSServer: filepath.Join(dir, "nats-server"),
 		}
 		for pkg, out := range map[string]string{
-			"./cmd/meshd":                      built.Meshd,
-			"./cmd/meshctl":                    built.Meshctl,
+			"./cmd/meshd":                       built.Meshd,
+			"./cmd/meshctl":                     built.Meshctl,
 			"github.com/nats-io/nats-server/v2": built.NATSServer,
 		} {
 			cmd := exec.Command("go", "build", "-o", out, pkg)

@@ -200,7 +200,7 @@ type Membership struct {
 
 	lost      chan struct{}
 	lostOnce  sync.Once
-	leaving   atomic.Bool // Leave is deleting our entry: our own departure is no news
+	leaving   atomic.Bool   // Leave is deleting our entry: our own departure is no news
 	ready     chan struct{} // the registry's initial state was read
 	readyOnce sync.Once
 	ctx       context.Context

@@ -1,0 +1,123 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Accounts of the embedded server.
+const (
+	// EmbeddedAccount is the application account mesh nodes use; a client
+	// that connects to the embedded server without credentials lands in it.
+	EmbeddedAccount = "MESH"
+	// EmbeddedSystemAccount is the embedded server's system account.
+	EmbeddedSystemAccount = "SYS"
+	// AdvisorySubjectEmbedded is the client-disconnect advisory of
+	// EmbeddedAccount as a mesh node subscribes to it on its own
+	// connection: the import keeps the subject of the system account's
+	// export.
+	AdvisorySubjectEmbedded = "$SYS.ACCOUNT." + EmbeddedAccount + ".DISCONNECT"
+)
+
+// Ping settings of the embedded server: the server pings a silent client
+// every EmbeddedPingInterval and closes it after EmbeddedPingMax unanswered
+// pings, so a frozen (SIGSTOPped, wedged) client is disconnected — and its
+// advisory sent — about 1.2 s after it froze, rather than after the default
+// 2 min × 2.
+const (
+	EmbeddedPingInterval = 500 * time.Millisecond
+	EmbeddedPingMax      = 2
+)
+
+// embeddedAccountsConf is the account part of the embedded server's
+// configuration, in nats-server config syntax. The system account exports
+// only MESH's disconnect advisory, and only to MESH; MESH imports it under
+// the same subject. The user "mesh" has no password: it exists for
+// no_auth_user, and the server listens on loopback by default.
+const embeddedAccountsConf = `
+ping_interval: "500ms"
+ping_max: 2
+
+accounts {
+  SYS {
+    exports: [{stream: "$SYS.ACCOUNT.MESH.DISCONNECT", accounts: [MESH]}]
+  }
+  MESH {
+    jetstream: enabled
+    users: [{user: mesh}]
+    imports: [{stream: {account: SYS, subject: "$SYS.ACCOUNT.MESH.DISCONNECT"}}]
+  }
+}
+system_account: SYS
+no_auth_user: mesh
+`
+
+// EmbeddedOptions returns the options of meshd's embedded nats-server:
+//
+//   - clients on listen ("host:port"; port 0 picks a free port, an empty host
+//     means 127.0.0.1 — the server stays on loopback unless told otherwise);
+//   - JetStream with its store in dataDir;
+//   - an application account MESH (EmbeddedAccount) with JetStream, where a
+//     client without credentials lands (no_auth_user), and a system account
+//     SYS (EmbeddedSystemAccount);
+//   - SYS exports the client-disconnect advisory of MESH and MESH imports it,
+//     so a mesh node sees its peers' connections close by subscribing to
+//     AdvisorySubjectEmbedded on its ordinary connection;
+//   - ping_interval 500ms and ping_max 2 (EmbeddedPingInterval,
+//     EmbeddedPingMax), so a frozen client is dropped in about 1.2 s;
+//   - no signal handling and no logging (the server runs inside meshd).
+//
+// The accounts are generated as nats-server configuration and parsed by the
+// server's own parser. On an external cluster the operator adds the same
+// two lines to the account configuration, the export in the system account
+// and the import in the account the mesh nodes use (here APP; the
+// advisory subject then is $SYS.ACCOUNT.APP.DISCONNECT):
+//
+//	exports: [{stream: "$SYS.ACCOUNT.APP.DISCONNECT", accounts: [APP]}]
+//	imports: [{stream: {account: SYS, subject: "$SYS.ACCOUNT.APP.DISCONNECT"}}]
+//
+// Without them the subscription is valid but silent, and departures are
+// detected by the registry heartbeat's TTL only (docs/operations.md).
+func EmbeddedOptions(listen, dataDir, serverName string) (*server.Options, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("%w: listen %q: %w", ErrInvalidConfig, listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("%w: listen %q: bad port", ErrInvalidConfig, listen)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if dataDir == "" {
+		return nil, fmt.Errorf("%w: empty data dir", ErrInvalidConfig)
+	}
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(embeddedAccountsConf); err != nil {
+		// Warnings only (no errors) are not fatal, as in
+		// server.ProcessConfigFile.
+		var cerr interface{ Errors() []error }
+		if !errors.As(err, &cerr) || len(cerr.Errors()) > 0 {
+			return nil, fmt.Errorf("daemon: embedded NATS server config: %w", err)
+		}
+	}
+	// Values that come from the caller are set as fields, not spliced into
+	// the config text, so no quoting is involved.
+	opts.ServerName = serverName
+	opts.Host = host
+	opts.Port = port
+	opts.JetStream = true
+	opts.StoreDir = dataDir
+	opts.NoSigs = true
+	opts.NoLog = true
+	return opts, nil
+}
