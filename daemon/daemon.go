@@ -207,6 +207,7 @@ func Run(ctx context.Context, cfg Config) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	met := newDepartureMetrics()
+	var fatal atomic.Pointer[error]
 	ncfg := mesh.NodeConfig{
 		Conn: nc, Name: cfg.Name, Prefix: cfg.Prefix, Logger: log,
 		OnDrainRequest: func() {
@@ -214,6 +215,11 @@ func Run(ctx context.Context, cfg Config) error {
 			stop()
 		},
 		OnMembershipEvent: met.observe,
+		OnFatal: func(err error) {
+			log.Error("node cannot go on", "err", err)
+			fatal.Store(&err)
+			stop()
+		},
 	}
 	if !cfg.Standalone {
 		ncfg.Membership = &mesh.MembershipConfig{
@@ -273,6 +279,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if httpSrv != nil {
 		_ = httpSrv.Shutdown(dctx)
+	}
+	if ferr := fatal.Load(); ferr != nil {
+		return *ferr
 	}
 	if derr != nil {
 		log.Warn("drain cut short by its deadline", "err", derr)

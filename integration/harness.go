@@ -22,7 +22,7 @@ import (
 
 // Binaries are the paths of the built programs.
 type Binaries struct {
-	Meshd, Meshctl, NATSServer string
+	Meshd, Meshctl, NATSServer, TestNode string
 }
 
 var (
@@ -51,11 +51,13 @@ func Build(t testing.TB) Binaries {
 			Meshd:      filepath.Join(dir, "meshd"),
 			Meshctl:    filepath.Join(dir, "meshctl"),
 			NATSServer: filepath.Join(dir, "nats-server"),
+			TestNode:   filepath.Join(dir, "testnode"),
 		}
 		for pkg, out := range map[string]string{
 			"./cmd/meshd":                       built.Meshd,
 			"./cmd/meshctl":                     built.Meshctl,
 			"github.com/nats-io/nats-server/v2": built.NATSServer,
+			"./integration/testnode":            built.TestNode,
 		} {
 			cmd := exec.Command("go", "build", "-o", out, pkg)
 			cmd.Dir = root
@@ -282,8 +284,19 @@ var (
 // StartMeshd runs meshd with args (logs as JSON) and waits until it serves.
 func StartMeshd(t testing.TB, args ...string) *Meshd {
 	t.Helper()
-	b := Build(t)
-	p := Start(t, b.Meshd, append([]string{"--log-format", "json"}, args...)...)
+	return startNode(t, Build(t).Meshd, append([]string{"--log-format", "json"}, args...)...)
+}
+
+// StartTestNode runs integration/testnode with args and waits until it
+// serves.
+func StartTestNode(t testing.TB, args ...string) *Meshd {
+	t.Helper()
+	return startNode(t, Build(t).TestNode, args...)
+}
+
+func startNode(t testing.TB, bin string, args ...string) *Meshd {
+	t.Helper()
+	p := Start(t, bin, args...)
 	m := p.WaitLine(t, servingRe, 30*time.Second)
 	md := &Meshd{Process: p, Node: m[1], NATSURL: m[2]}
 	// The log line naming the HTTP address precedes the serving line, but on

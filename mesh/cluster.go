@@ -102,6 +102,14 @@ func (n *Node) fencing() {
 			return
 		case <-inc.members.Lost():
 		}
+		if inc.members.Superseded() {
+			n.log.Error("a newer generation of this node's name registered: this process stands down", "generation", inc.id.String())
+			inc.close()
+			if f := n.cfg.OnFatal; f != nil {
+				f(fmt.Errorf("mesh: generation %s superseded by a newer incarnation of %q", inc.id, inc.id.Name))
+			}
+			return
+		}
 		n.log.Warn("generation declared gone: dropping its activations and rejoining", "generation", inc.id.String())
 		inc.close()
 		for n.ctx.Err() == nil {

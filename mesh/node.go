@@ -58,6 +58,10 @@ type NodeConfig struct {
 	// and departures of other generations, across rejoins), e.g. for
 	// metrics. It runs on the membership watcher; it must not block.
 	OnMembershipEvent func(membership.Event)
+	// OnFatal, if set, is called when the node cannot go on: its name was
+	// taken over by a newer live incarnation (it must not rejoin). A
+	// daemon exits. Without it the node just stops serving.
+	OnFatal func(error)
 }
 
 // MembershipConfig turns on the multi-node mesh (DESIGN §5–§6): the node

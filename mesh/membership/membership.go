@@ -201,6 +201,7 @@ type Membership struct {
 	lost      chan struct{}
 	lostOnce  sync.Once
 	leaving   atomic.Bool   // Leave is deleting our entry: our own departure is no news
+	supersede atomic.Bool   // the registration was lost to a newer generation of the name
 	ready     chan struct{} // the registry's initial state was read
 	readyOnce sync.Once
 	ctx       context.Context
@@ -333,8 +334,14 @@ func (m *Membership) Self() Member {
 }
 
 // Lost is closed when this node's registration was removed or superseded:
-// it was declared gone and must stop serving (fencing) and rejoin.
+// it was declared gone and must stop serving (fencing). After a removal it
+// may rejoin with a new generation; after a supersession (Superseded) another
+// live incarnation holds the name and this one must not rejoin.
 func (m *Membership) Lost() <-chan struct{} { return m.lost }
+
+// Superseded reports whether the registration was lost to a newer
+// generation of the same name.
+func (m *Membership) Superseded() bool { return m.supersede.Load() }
 
 // Confirmed reports whether the registration was confirmed by a heartbeat on
 // the connection as it is now: false after a reconnect until the next good
@@ -525,6 +532,9 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		cur, ok := m.live[name]
 		m.mu.RUnlock()
 		if !ok || cur.Node != self.Node {
+			if ok && cur.Node.Generation > self.Node.Generation {
+				m.supersede.Store(true)
+			}
 			m.markLost("registry no longer names this generation")
 		}
 	}
@@ -612,6 +622,14 @@ func (m *Membership) heartbeat() {
 		switch {
 		case err == nil:
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			gctx, gcancel := context.WithTimeout(m.ctx, m.cfg.Heartbeat)
+			if e, gerr := m.kv.Get(gctx, self.Node.Name); gerr == nil {
+				var cur Member
+				if json.Unmarshal(e.Value(), &cur) == nil && cur.Node.Generation > self.Node.Generation {
+					m.supersede.Store(true)
+				}
+			}
+			gcancel()
 			m.markLost("heartbeat found the entry removed or superseded")
 			return
 		default:

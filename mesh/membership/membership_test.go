@@ -105,6 +105,9 @@ func TestSupersede(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the superseded generation did not learn it was lost")
 	}
+	if !old.Superseded() {
+		t.Error("the old generation does not know it was superseded")
+	}
 	if old.Confirmed() || !fresh.Confirmed() {
 		t.Error("Confirmed wrong")
 	}
