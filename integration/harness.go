@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -309,3 +310,5 @@ func startNode(t testing.TB, bin string, args ...string) *Meshd {
 	}
 	return md
 }
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

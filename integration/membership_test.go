@@ -1,0 +1,381 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// Detection settings of the test nodes (testnode's defaults).
+const (
+	testHeartbeat = 250 * time.Millisecond
+	testTTL       = time.Second
+)
+
+// clientNode joins the cluster's membership from the test process as a node
+// that hosts nothing: a sender that learns departures like any node.
+func clientNode(t *testing.T, url string) *mesh.Node {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Name(membership.ConnNamePrefix+"tc"), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	n, err := mesh.NewNode(mesh.NodeConfig{
+		Conn: nc, Name: "tc", DisableIngress: true, DisableControl: true,
+		Membership: &mesh.MembershipConfig{Heartbeat: testHeartbeat, TTL: testTTL, Replicas: 3},
+	}, mesh.WithSaturationThreshold(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// waitHosting waits until the client sees want live nodes hosting kind.
+func waitHosting(t *testing.T, n *mesh.Node, kind string, want int) []subjects.NodeID {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		h := n.Members().Hosting(kind)
+		if len(h) == want {
+			return h
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d nodes host %q, want %d", len(h), kind, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func startTestNodes(t *testing.T, url string, names ...string) map[string]*Meshd {
+	t.Helper()
+	out := map[string]*Meshd{}
+	for _, name := range names {
+		out[name] = StartTestNode(t, "--name", name, "--nats-url", url, "--kv-replicas", "3")
+	}
+	return out
+}
+
+// addressesOn returns count addresses of kind that placement puts on node.
+func addressesOn(kind string, node subjects.NodeID, live []subjects.NodeID, count int) []subjects.Address {
+	var out []subjects.Address
+	for i := 0; len(out) < count; i++ {
+		a := subjects.Address(fmt.Sprintf("%s/%d", kind, i))
+		if n, _ := directory.Place(a, live); n == node {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[int(p*float64(len(s)-1))]
+}
+
+// TestClusterKillOwnerFailsPromptly: SIGKILL the owner while 100 requests
+// await responses: every one fails with the departed verdict within the
+// detection time (asserted ≤ 2× the TTL), none waits for its timeout, and
+// deliveries sent after the kill succeed on another node.
+func TestClusterKillOwnerFailsPromptly(t *testing.T) {
+	c := StartCluster(t, 3)
+	c.WaitReady(t)
+	nodes := startTestNodes(t, c.URL(), "n1", "n2", "n3")
+	tc := clientNode(t, c.URL())
+	live := waitHosting(t, tc, "hold", 3)
+	victim := live[1]
+	addrs := addressesOn("hold", victim, live, 100)
+
+	type result struct {
+		err error
+		at  time.Time
+	}
+	results := make(chan result, len(addrs))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	before := tc.Stats().Accepted
+	for _, a := range addrs {
+		go func() {
+			_, err := tc.Request(ctx, mesh.Delivery{To: a})
+			results <- result{err, time.Now()}
+		}()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for tc.Stats().Accepted-before < int64(len(addrs)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d requests accepted", tc.Stats().Accepted-before, len(addrs))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	killedAt := time.Now()
+	if err := nodes[victim.Name].Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var took []time.Duration
+	for range addrs {
+		r := <-results
+		if !errors.Is(r.err, verdict.ErrDeparted) || verdict.Classify(r.err) != verdict.ShuttingDown {
+			t.Fatalf("request after the owner's SIGKILL: %v; want the departed verdict", r.err)
+		}
+		took = append(took, r.at.Sub(killedAt))
+	}
+	t.Logf("100 awaited responses failed after SIGKILL: p50 %v, p99 %v, max %v (TTL %v)", percentile(took, .5), percentile(took, .99), percentile(took, 1), testTTL)
+	if m := percentile(took, 1); m > 2*testTTL {
+		t.Errorf("slowest failure %v > 2× the detection time %v", m, testTTL)
+	}
+	// Deliveries after the kill go to the survivors.
+	for _, a := range addrs[:10] {
+		r, err := tc.Deliver(ctx, mesh.Delivery{To: a})
+		if err != nil || r.Node == victim {
+			t.Fatalf("delivery to %s after the kill: %+v %v", a, r, err)
+		}
+	}
+}
+
+// TestClusterMeshdOneActivation: three meshd processes joined to a 3-server
+// cluster, all hosting echo: deliveries from any node, through the library
+// and through the ingress, reach the one activation of each address.
+func TestClusterMeshdOneActivation(t *testing.T) {
+	c := StartCluster(t, 3)
+	c.WaitReady(t)
+	var mds []*Meshd
+	for i := 1; i <= 3; i++ {
+		// Each meshd talks to a different server first.
+		urls := append(c.URLs()[i-1:], c.URLs()[:i-1]...)
+		mds = append(mds, StartMeshd(t, "--name", fmt.Sprintf("m%d", i), "--nats-url", fmt.Sprint(joinURLs(urls)), "--kv-replicas", "3", "--http", ""))
+	}
+	tc := clientNode(t, c.URL())
+	waitHosting(t, tc, "echo", 3)
+	plain, err := nats.Connect(c.URLs()[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	const n = 60
+	for i := 0; i < n; i++ {
+		to := subjects.Address(fmt.Sprintf("echo/%d", i))
+		if _, err := tc.Request(context.Background(), mesh.Delivery{To: to, Payload: []byte("x")}); err != nil {
+			t.Fatalf("library request %s: %v", to, err)
+		}
+		m := nats.NewMsg(subjects.DefaultPrefix.Ingress(to, "s"))
+		m.Header.Set("Mesh-Expect-Response", "true")
+		m.Data = []byte("y")
+		r, err := plain.RequestMsg(m, 20*time.Second)
+		if err != nil || r.Header.Get("Mesh-Verdict") != "Accepted" || string(r.Data) != "y" {
+			t.Fatalf("ingress request %s: %v %v", to, err, r)
+		}
+	}
+	// Ask every node for its activations over its control subject.
+	seen := map[string][]string{}
+	for _, md := range mds {
+		var hr mesh.HubsReport
+		name := md.Node[:2]
+		msg, err := plain.Request(subjects.DefaultPrefix.Control(name, mesh.ControlHubs), nil, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := jsonUnmarshal(msg.Data, &hr); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range hr.Addresses {
+			seen[a] = append(seen[a], name)
+		}
+	}
+	spread := map[string]int{}
+	for i := 0; i < n; i++ {
+		on := seen[fmt.Sprintf("echo/%d", i)]
+		if len(on) != 1 {
+			t.Errorf("echo/%d active on %v", i, on)
+		} else {
+			spread[on[0]]++
+		}
+	}
+	t.Logf("activations per node: %v", spread)
+}
+
+// TestClusterRestartSameName: a node restarted with the same name before its
+// TTL: the old generation is retired at once and a request addressed to it
+// fails promptly; the old process, when it wakes, stands down.
+func TestClusterRestartSameName(t *testing.T) {
+	c := StartCluster(t, 3)
+	c.WaitReady(t)
+	old := StartTestNode(t, "--name", "same", "--nats-url", c.URL(), "--kv-replicas", "3", "--ttl", "30s", "--heartbeat", "1s")
+	tc := clientNode(t, c.URL())
+	live := waitHosting(t, tc, "hold", 1)
+	addr := addressesOn("hold", live[0], live, 1)[0]
+	res := make(chan error, 1)
+	go func() {
+		_, err := tc.Request(context.Background(), mesh.Delivery{To: addr})
+		res <- err
+	}()
+	for tc.Stats().Accepted == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Freeze the old process (it keeps its TCP connection for a while) and
+	// start a new one with the same name.
+	if err := old.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	fresh := StartTestNode(t, "--name", "same", "--nats-url", c.URL(), "--kv-replicas", "3", "--ttl", "30s", "--heartbeat", "1s")
+	err := <-res
+	if !errors.Is(err, verdict.ErrDeparted) {
+		t.Fatalf("request to the superseded generation: %v", err)
+	}
+	t.Logf("request to the old generation failed %v after the new process was launched (it serves in %v; TTL 30s)", time.Since(started), time.Since(started))
+	if time.Since(started) > 5*time.Second {
+		t.Errorf("took %v", time.Since(started))
+	}
+	if err := old.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if code := old.Wait(t, 30*time.Second); code == 0 {
+		t.Errorf("the superseded process exited 0; want an error exit")
+	}
+	if r, err := tc.Deliver(context.Background(), mesh.Delivery{To: addr}); err != nil || r.Node.String() != fresh.Node {
+		t.Errorf("after restart: %+v %v (new node %s)", r, err, fresh.Node)
+	}
+}
+
+// TestClusterFrozenOwnerFenced: SIGSTOP an owner for longer than the
+// detection time, then SIGCONT: it does not serve the addresses it lost, and
+// nothing it still held is handled twice.
+func TestClusterFrozenOwnerFenced(t *testing.T) {
+	c := StartCluster(t, 3)
+	c.WaitReady(t)
+	nodes := startTestNodes(t, c.URL(), "f1", "f2")
+	tc := clientNode(t, c.URL())
+	live := waitHosting(t, tc, "count", 2)
+	victim := live[0]
+	addrs := addressesOn("count", victim, live, 5)
+	execs := subscribeExecs(t, c.URL())
+	for _, a := range addrs {
+		if _, err := tc.Request(context.Background(), mesh.Delivery{To: a, Payload: []byte("before")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nodes[victim.Name].Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	deadline := time.Now().Add(20 * time.Second)
+	for tc.Members().Alive(victim) {
+		if time.Now().After(deadline) {
+			t.Fatal("the frozen owner was never declared gone")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("frozen owner declared gone after %v", time.Since(frozen))
+	for _, a := range addrs {
+		r, err := tc.Request(context.Background(), mesh.Delivery{To: a, Payload: []byte("during")})
+		if err != nil || r.Node == victim {
+			t.Fatalf("delivery while frozen: %+v %v", r, err)
+		}
+	}
+	if err := nodes[victim.Name].Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// The woken process rejoins with a new generation; its old generation
+	// serves nothing.
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		h := tc.Members().Hosting("count")
+		if len(h) == 2 && !slices.Contains(h, victim) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the woken node did not rejoin: %v", h)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	plain, err := nats.Connect(c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	for _, a := range addrs {
+		m := nats.NewMsg(subjects.DefaultPrefix.Delivery(victim, a, ""))
+		m.Header.Set("Mesh-Id", "stale-"+string(a))
+		r, err := plain.RequestMsg(m, 5*time.Second)
+		if err == nil {
+			if _, verr := verdict.Decode(r.Header); verr == nil {
+				t.Errorf("the old generation accepted %s after waking", a)
+			}
+		} else if !errors.Is(err, nats.ErrNoResponders) {
+			t.Errorf("old generation: %v", err)
+		}
+	}
+	for _, a := range addrs {
+		if got := execs.count(string(a)); got != 2 {
+			t.Errorf("%s executed %d times, want 2 (before and during)", a, got)
+		}
+	}
+}
+
+func joinURLs(u []string) string {
+	out := ""
+	for i, s := range u {
+		if i > 0 {
+			out += ","
+		}
+		out += s
+	}
+	return out
+}
+
+// execLog counts test.exec events (executions in testnode's count kinds).
+type execLog struct {
+	mu     sync.Mutex
+	events []*nats.Msg
+}
+
+func (e *execLog) count(addr string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, m := range e.events {
+		if m.Header.Get("Test-Address") == addr {
+			n++
+		}
+	}
+	return n
+}
+
+func subscribeExecs(t *testing.T, url string) *execLog {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	log := &execLog{}
+	sub, err := nc.Subscribe("test.exec", func(m *nats.Msg) {
+		log.mu.Lock()
+		log.events = append(log.events, m)
+		log.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	_ = nc.Flush()
+	return log
+}
