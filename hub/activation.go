@@ -95,14 +95,12 @@ func (a *activation) turns() {
 		a.head++
 		hub := a.hub
 		a.mu.Unlock()
-		if f := a.host.cfg.Fence; f != nil {
-			if err := f(); err != nil {
-				// Fenced while it waited (e.g. the process was frozen and
-				// declared gone): another node may own the address now, so
-				// handling it here could run it out of order or twice.
-				a.host.fail(e, err)
-				continue
-			}
+		if err := a.host.serving(); err != nil {
+			// Fenced while it waited (e.g. the process was frozen and
+			// declared gone): another node may own the address now, so
+			// handling it here could run it out of order or twice.
+			a.host.fail(e, err)
+			continue
 		}
 		if !e.taken.CompareAndSwap(false, true) {
 			continue // already failed (closing)

@@ -65,6 +65,11 @@ type Config struct {
 	// whose registration is unconfirmed — after a reconnect, or lost —
 	// serves nothing (DESIGN §5, fencing).
 	Fence func() error
+	// AwaitServing, if set, is called by a turn when Fence refuses: it
+	// blocks until the node may serve again (nil: handle the delivery) or
+	// never will (an error: fail it late with that error). Without it a
+	// fenced turn fails its delivery at once.
+	AwaitServing func(ctx context.Context) error
 }
 
 func (c *Config) validate() error {
@@ -448,6 +453,26 @@ func (h *Host) fail(e *entry, err error) {
 	if serr := h.sendAnswer(e.answerTo, e.ID, AnswerVerdict, err, nil); serr != nil {
 		h.log.Warn("late verdict not sent", "id", e.ID, "err", serr)
 	}
+}
+
+// serving reports whether a turn may handle a delivery now: nil, or the
+// fence's error once it is known the node will not serve again. While the
+// fence only pauses (AwaitServing), it blocks.
+func (h *Host) serving() error {
+	f := h.cfg.Fence
+	if f == nil {
+		return nil
+	}
+	err := f()
+	if err == nil {
+		return nil
+	}
+	if w := h.cfg.AwaitServing; w != nil {
+		if werr := w(h.ctx); werr == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 // Deactivate removes addr's activation at once, if any: what it still had

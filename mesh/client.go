@@ -66,6 +66,8 @@ type Client struct {
 	legsByNode sync.Map // subjects.NodeID -> *nodeLegs: legs in flight per owner
 
 	answersSub *nats.Subscription
+	status     chan nats.Status
+	statusDone chan struct{}
 	closing    atomic.Bool
 	stop       chan struct{} // closed when Close starts
 	stopCtx    context.Context
@@ -109,7 +111,22 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 	}
 	_ = sub.SetPendingLimits(-1, -1)
 	c.answersSub = sub
+	c.status = cfg.Conn.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING)
+	c.statusDone = make(chan struct{})
+	go c.watchLink()
 	return c, nil
+}
+
+// watchLink fails every leg in flight when this client's own link drops:
+// nats.go would let them wait out their timeout although the reply is lost
+// with the connection. The failure is nats.ErrDisconnected — resendable
+// after reconnect with the same delivery ID, which the receiver dedupes
+// (DESIGN §3).
+func (c *Client) watchLink() {
+	defer close(c.statusDone)
+	for range c.status {
+		c.failAllLegs(fmt.Errorf("own NATS link dropped with the leg in flight: %w", nats.ErrDisconnected))
+	}
 }
 
 // Identity returns the client's sender identity.
@@ -362,6 +379,8 @@ func (c *Client) Close() {
 		c.pendingMu.Unlock()
 		c.calls.Wait()
 		_ = c.answersSub.Unsubscribe()
+		c.cfg.Conn.RemoveStatusListener(c.status)
+		<-c.statusDone
 		close(c.closed)
 	})
 }

@@ -61,7 +61,7 @@ func (n *Node) join(ctx context.Context) (*incarnation, error) {
 		}
 		return nil
 	}
-	h, err := n.newHost(inc.id, dir, fence)
+	h, err := n.newHost(inc.id, dir, fence, m.WaitConfirmed)
 	if err != nil {
 		dir.Close()
 		m.Close()

@@ -107,3 +107,20 @@ func (c *Client) failPending(node subjects.NodeID, err error) {
 		p.ch <- answer{err: err}
 	}
 }
+
+// failAllLegs fails every leg in flight, to any node, with err (which must be
+// resendable): the legs are re-sent, the lanes keep their order.
+func (c *Client) failAllLegs(err error) {
+	c.legsByNode.Range(func(_, v any) bool {
+		nl := v.(*nodeLegs)
+		nl.mu.Lock()
+		legs := nl.legs
+		nl.legs = map[*legRef]struct{}{}
+		nl.mu.Unlock()
+		for ref := range legs {
+			ref.cause.Store(&err)
+			ref.cancel()
+		}
+		return true
+	})
+}

@@ -4,10 +4,12 @@
 //
 //	hold   accepts every delivery and never finishes handling it (requests
 //	       await a response that never comes, until the process dies)
-//	count  publishes each execution to the subject "test.exec" (headers
-//	       Mesh-Id, Test-Node, Test-Address, Test-Stream; the payload is
-//	       the delivery's) before it returns, so a test counts executions
-//	       and their order across processes
+//	count  reports each execution as a request to the subject "test.exec"
+//	       (headers Mesh-Id, Test-Node, Test-Address, Test-Stream, Test-At
+//	       (ns), Test-Exec (unique per execution, the same on retries of the
+//	       report); the payload is the delivery's), retried until the test
+//	       answers, before it returns, so a test counts executions and their
+//	       order across processes
 //	slow   like count, after 50 ms of work
 //
 // Its first stdout line matches meshd's: "meshd: node <id> serving on NATS at <url>".
@@ -20,10 +22,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 
 	"github.com/natsmesh/natsmesh/daemon"
 	"github.com/natsmesh/natsmesh/hub"
@@ -46,7 +50,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "testnode:", err)
 		os.Exit(2)
 	}
-	defer pub.Close()
+	defer func() {
+		_ = pub.Flush() // every execution event reaches the test
+		pub.Close()
+	}()
 	counting := func(work time.Duration) hub.Factory {
 		return func(context.Context, subjects.Address) (hub.Hub, error) {
 			return hub.HandlerFunc(func(ctx context.Context, d *hub.Delivery) error {
@@ -58,8 +65,18 @@ func main() {
 				m.Header.Set("Test-Node", *name)
 				m.Header.Set("Test-Address", string(d.To))
 				m.Header.Set("Test-Stream", string(d.Stream))
+				m.Header.Set("Test-At", strconv.FormatInt(time.Now().UnixNano(), 10))
+				m.Header.Set("Test-Exec", nuid.Next())
 				m.Data = d.Payload
-				if err := pub.PublishMsg(m); err != nil {
+				// Acknowledged and retried, so that no execution event is
+				// lost when a NATS server dies under the test.
+				var err error
+				for range 20 {
+					if _, err = pub.RequestMsg(m, 2*time.Second); err == nil {
+						break
+					}
+				}
+				if err != nil {
 					return err
 				}
 				return d.Respond(d.Payload)

@@ -358,6 +358,32 @@ func (m *Membership) Confirmed() bool {
 	return c == m.cfg.Conn.Stats().Reconnects
 }
 
+// WaitConfirmed blocks until the registration is confirmed on the current
+// connection (nil), it is lost (ErrLost), or ctx ends (ctx's error). A node
+// pauses handling while unconfirmed after a reconnect instead of failing
+// what it holds.
+func (m *Membership) WaitConfirmed(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.lost:
+			return ErrLost
+		default:
+		}
+		if m.Confirmed() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.lost:
+			return ErrLost
+		case <-t.C:
+		}
+	}
+}
+
 // Members returns the live generations, sorted by name.
 func (m *Membership) Members() []Member {
 	m.mu.RLock()
