@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"syscall"
@@ -27,7 +28,9 @@ const (
 
 // clientNode joins the cluster's membership from the test process as a node
 // that hosts nothing: a sender that learns departures like any node.
-func clientNode(t *testing.T, url string) *mesh.Node {
+func clientNode(t *testing.T, url string) *mesh.Node { return clientNodeTB(t, url) }
+
+func clientNodeTB(t testing.TB, url string) *mesh.Node {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.Name(membership.ConnNamePrefix+"tc"), nats.MaxReconnects(-1))
 	if err != nil {
@@ -35,7 +38,7 @@ func clientNode(t *testing.T, url string) *mesh.Node {
 	}
 	t.Cleanup(nc.Close)
 	n, err := mesh.NewNode(mesh.NodeConfig{
-		Conn: nc, Name: "tc", DisableIngress: true, DisableControl: true,
+		Conn: nc, Name: "tc", DisableIngress: true, DisableControl: true, Logger: slog.New(slog.DiscardHandler),
 		Membership: &mesh.MembershipConfig{Heartbeat: testHeartbeat, TTL: testTTL, Replicas: 3},
 	}, mesh.WithSaturationThreshold(0))
 	if err != nil {
