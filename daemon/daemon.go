@@ -10,11 +10,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -124,6 +126,17 @@ func (c *Config) validate() error {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
+	if err := checkAddr(c.Listen); err != nil {
+		return fmt.Errorf("%w: listen: %w", ErrInvalidConfig, err)
+	}
+	if c.HTTP != "" {
+		if err := checkAddr(c.HTTP); err != nil {
+			return fmt.Errorf("%w: http: %w", ErrInvalidConfig, err)
+		}
+	}
+	if c.DrainTimeout < 0 || c.Heartbeat < 0 || c.TTL < 0 || c.KVReplicas < 0 {
+		return fmt.Errorf("%w: negative drain timeout, heartbeat, TTL or KV replicas", ErrInvalidConfig)
+	}
 	if c.DataDir == "" {
 		c.DataDir = DefaultDataDir
 	}
@@ -135,6 +148,19 @@ func (c *Config) validate() error {
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return fmt.Errorf("%w: a TLS client certificate needs both cert and key", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// checkAddr validates a host:port listen address (port 0-65535).
+func checkAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("%q: port must be 0-65535", addr)
 	}
 	return nil
 }
@@ -183,13 +209,15 @@ func Run(ctx context.Context, cfg Config) error {
 	var ns *server.Server
 	url := cfg.NATSURL
 	if url == "" {
-		ns, err = startEmbedded(cfg)
+		var lock io.Closer
+		ns, lock, err = startEmbedded(cfg)
 		if err != nil {
 			return err
 		}
 		defer func() {
 			ns.Shutdown()
 			ns.WaitForShutdown()
+			lock.Close()
 		}()
 		url, info.Embedded = ns.ClientURL(), true
 		if cfg.AdvisorySubject == "" {
@@ -273,9 +301,15 @@ func Run(ctx context.Context, cfg Config) error {
 	derr := node.Drain(dctx)
 	if err := nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		log.Warn("NATS drain", "err", err)
+		if derr == nil {
+			derr = fmt.Errorf("NATS connection drain: %w", err)
+		}
 	}
 	for nc.IsDraining() && dctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
+	}
+	if nc.IsDraining() && derr == nil {
+		derr = fmt.Errorf("NATS connection drain: %w", dctx.Err())
 	}
 	if httpSrv != nil {
 		_ = httpSrv.Shutdown(dctx)
@@ -293,35 +327,42 @@ func Run(ctx context.Context, cfg Config) error {
 
 // startEmbedded runs a nats-server in this process on cfg.Listen with
 // JetStream in cfg.DataDir.
-func startEmbedded(cfg Config) (*server.Server, error) {
+func startEmbedded(cfg Config) (*server.Server, io.Closer, error) {
 	if _, _, err := net.SplitHostPort(cfg.Listen); err != nil {
-		return nil, fmt.Errorf("%w: listen %q: %w", ErrInvalidConfig, cfg.Listen, err)
+		return nil, nil, fmt.Errorf("%w: listen %q: %w", ErrInvalidConfig, cfg.Listen, err)
 	}
 	// nats-server reports a busy port only in its log; check first so the
 	// error is clear.
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: embedded NATS server cannot listen on %s: %w", cfg.Listen, err)
+		return nil, nil, fmt.Errorf("daemon: embedded NATS server cannot listen on %s: %w", cfg.Listen, err)
 	}
 	bound := ln.Addr().String()
 	_ = ln.Close()
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return nil, fmt.Errorf("daemon: data dir: %w", err)
+		return nil, nil, fmt.Errorf("daemon: data dir: %w", err)
+	}
+	lock, err := lockDir(cfg.DataDir)
+	if err != nil {
+		return nil, nil, err
 	}
 	opts, err := EmbeddedOptions(bound, cfg.DataDir, "meshd-"+cfg.Name)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
+		lock.Close()
+		return nil, nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
+		lock.Close()
+		return nil, nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(15 * time.Second) {
 		ns.Shutdown()
-		return nil, fmt.Errorf("daemon: embedded NATS server on %s not ready in 15s", cfg.Listen)
+		lock.Close()
+		return nil, nil, fmt.Errorf("daemon: embedded NATS server on %s not ready in 15s", cfg.Listen)
 	}
-	return ns, nil
+	return ns, lock, nil
 }
 
 // connect dials NATS with the configured credentials; it reconnects forever.

@@ -2,9 +2,11 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
 )
 
 // Hub is the receiver for one address on one node. Handle is called for one
@@ -69,7 +71,17 @@ func (d *Delivery) Respond(payload []byte) error {
 	if !d.responded.CompareAndSwap(false, true) {
 		return ErrAlreadyResponded
 	}
-	return d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, nil, payload)
+	err := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, nil, payload)
+	if err != nil {
+		// The requester must still get its one answer: a Failed
+		// handler-error naming why the response could not be sent (for
+		// instance a payload over max_payload).
+		ferr := &verdict.Error{Reason: verdict.ReasonHandlerError, Message: fmt.Sprintf("response of %d bytes not sent: %v", len(payload), err)}
+		if serr := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, ferr, nil); serr != nil {
+			d.host.log.Warn("response not sent", "id", d.ID, "err", err, "then", serr)
+		}
+	}
+	return err
 }
 
 // entry is a delivery in an inbox, with its settlement flags.

@@ -584,9 +584,21 @@ func (h *Host) Drain(ctx context.Context) error {
 		}
 		break
 	}
-	h.Close()
+	grace := DefaultCloseWait
+	if werr != nil {
+		grace = drainGrace // the deadline passed: do not wait much longer
+	}
+	h.closeWithin(grace)
 	return werr
 }
+
+// DefaultCloseWait bounds how long Close waits for handlers that ignore the
+// cancellation of their ctx; after it they are abandoned (and logged).
+const DefaultCloseWait = 10 * time.Second
+
+// drainGrace is how long a Drain whose ctx ended still waits for handlers
+// to return after cancelling them.
+const drainGrace = time.Second
 
 // busy reports whether any activation has queued or running work.
 func (h *Host) busy() bool {
@@ -604,9 +616,12 @@ func (h *Host) busy() bool {
 }
 
 // Close unsubscribes, fails every queued delivery with a late ShuttingDown,
-// cancels builds and handlers, deactivates every activation and waits for
-// the host's goroutines. Safe to call more than once.
-func (h *Host) Close() {
+// cancels builds and handlers, waits for them (at most DefaultCloseWait: a
+// handler that ignores its ctx is abandoned and logged) and deactivates
+// every activation. Safe to call more than once.
+func (h *Host) Close() { h.closeWithin(DefaultCloseWait) }
+
+func (h *Host) closeWithin(wait time.Duration) {
 	h.mu.Lock()
 	h.draining = true
 	sub := h.sub
@@ -624,8 +639,23 @@ func (h *Host) Close() {
 		a.close(verdict.New(verdict.ReasonHubShuttingDown, "activation %s on %s deactivated before handling", a.addr, h.nodeID))
 	}
 	h.cancel()
-	h.wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		h.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(wait):
+		h.log.Error("handlers or builds ignore their cancelled ctx; abandoning them", "waited", wait.String())
+	}
 	for _, a := range all {
+		a.mu.Lock()
+		stuck := a.running || a.state == stateBuilding
+		a.mu.Unlock()
+		if stuck {
+			continue // its hub is still in use: do not deactivate under it
+		}
 		a.deactivate()
 	}
 }

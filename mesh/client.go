@@ -235,15 +235,15 @@ func (c *Client) validate(d *Delivery) error {
 		return verdict.New(verdict.ReasonBadRequest, "delivery ID over %d bytes", hub.MaxIDLen)
 	}
 	if err := d.To.Validate(); err != nil {
-		return &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "to: " + err.Error(), Err: err}
+		return &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "invalid destination address", Err: err}
 	}
 	if d.From != "" {
 		if err := d.From.Validate(); err != nil {
-			return &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "from: " + err.Error(), Err: err}
+			return &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "invalid sending address (From)", Err: err}
 		}
 	}
 	if err := d.Stream.Validate(); err != nil {
-		return &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "stream: " + err.Error(), Err: err}
+		return &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "invalid stream", Err: err}
 	}
 	if len(d.Type) > hub.MaxTypeLen {
 		return verdict.New(verdict.ReasonBadRequest, "type over %d bytes", hub.MaxTypeLen)
@@ -264,7 +264,7 @@ func (c *Client) validate(d *Delivery) error {
 const smallPayload = 4096
 
 func payloadTooLarge(n int, max int64) error {
-	return verdict.New(verdict.ReasonPayloadTooLarge, "payload of %d bytes (with headers) is over the server's max_payload of %d", n, max)
+	return verdict.New(verdict.ReasonPayloadTooLarge, "payload of %d bytes plus headers is over the server's max_payload of %d bytes", n, max)
 }
 
 // attempts runs the retry ladder while holding the lane.

@@ -192,3 +192,44 @@ func TestClosedClient(t *testing.T) {
 	}
 	n.Client.Close() // twice is harmless
 }
+
+// TestResponseTooLarge: a handler whose response cannot be sent (over the
+// server's max_payload) still gives the requester one answer: Failed
+// handler-error, not a timeout.
+func TestResponseTooLarge(t *testing.T) {
+	s := natstest.RunServer(t, natstest.WithMaxPayload(4096))
+	n, rec := testNode(t, s, "a")
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error { return d.Respond(make([]byte, 8192)) }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := n.Request(ctx, Delivery{To: "rec/big"})
+	if !errors.Is(err, verdict.ErrHandler) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Request = %v; want a handler-error verdict", err)
+	}
+}
+
+// TestDrainBoundedByStuckHandler: a handler that ignores its ctx does not
+// hold Drain past its deadline (plus a short grace).
+func TestDrainBoundedByStuckHandler(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	block := make(chan struct{})
+	defer close(block)
+	rec.fn = func(context.Context, *hub.Delivery) error {
+		<-block // ignores ctx
+		return nil
+	}
+	if _, err := n.Deliver(context.Background(), Delivery{To: "rec/stuck"}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return rec.total() == 1 }, "handler running")
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := n.Drain(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Drain = %v", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("Drain took %v with a stuck handler", took)
+	}
+}

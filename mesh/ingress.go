@@ -37,13 +37,13 @@ func (n *Node) ingress(m *nats.Msg) {
 	n.ingressCount.Add(1)
 	addr, stream, err := n.prefix.ParseIngress(m.Subject)
 	if err != nil {
-		n.answerIngress(m, "", "", &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: err.Error()}, nil)
+		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: err.Error()}, nil)
 		return
 	}
 	select {
 	case n.ingressSem <- struct{}{}:
 	default:
-		n.answerIngress(m, "", "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full", n.ID()), nil)
+		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full", n.ID()), nil)
 		return
 	}
 	n.ingressWG.Add(1)

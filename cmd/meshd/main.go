@@ -85,7 +85,13 @@ SIGTERM or SIGINT drains: new deliveries are refused ShuttingDown, accepted
 ones are settled, then the NATS connection drains; --drain-timeout bounds
 it. A second signal exits at once.
 
-Every flag can also be set by the environment variable in its help text.`,
+Every flag can also be set by the environment variable in its help text.
+
+Exit codes: 0 after a clean drain; 1 bad usage or configuration (unknown
+flag, invalid name, address or duration, unknown hub kind); 2 the node could
+not start (port in use, NATS unreachable, no JetStream for the membership),
+its drain was cut short by --drain-timeout, or a newer incarnation of its name
+took over; 130 a second signal during the drain.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -135,7 +141,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 	if err != nil {
 		return usageError{err}
 	}
-	var kinds []string
+	kinds := []string{} // empty: a node that hosts no kind (it still sends and serves the ingress)
 	for k := range strings.SplitSeq(o.hubs, ",") {
 		if k = strings.TrimSpace(k); k != "" {
 			kinds = append(kinds, k)
