@@ -50,6 +50,9 @@ type benchResult struct {
 	Verdicts       map[string]int `json:"verdicts"`
 	Timeouts       int            `json:"timeouts"`
 	PeakInFlight   int            `json:"peak_legs_in_flight,omitempty"`
+	// Aborted says why the run stopped before all deliveries (too many
+	// failures: the target is gone or refusing).
+	Aborted string `json:"aborted,omitempty"`
 
 	elapsed            time.Duration
 	p50, p90, p99, max time.Duration
@@ -161,8 +164,15 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	})
 	out.Mesh.Target, out.Mesh.Node = string(addr), target.String()
 	out.Mesh.PeakInFlight = client.Saturation().PeakInFlight
-	if ctx.Err() != nil {
-		return ctx.Err()
+	if ctx.Err() != nil || out.Mesh.Aborted != "" {
+		// Interrupted or aborted: show what was measured.
+		if err := printBench(g, f, out); err != nil {
+			return exitf(exitUsage, "write output: %v", err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return benchFailures(out)
 	}
 
 	if f.baseline {
@@ -261,7 +271,14 @@ func measure(ctx context.Context, g *globals, name string, f benchFlags, op func
 		timeouts int
 	}
 	lanes := make([]laneResult, f.c)
-	var done atomic.Int64
+	var done, failed, inARow atomic.Int64
+	// A run whose target went away would otherwise sit in the retry
+	// ladder for every remaining delivery: stop after a run of failures
+	// with no success among them.
+	maxInARow := int64(max(20, 2*f.c))
+	ctx, abort := context.WithCancel(ctx)
+	defer abort()
+	var aborted atomic.Bool
 	stopBar := progress(g.stderr, name, f.n, &done)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -286,6 +303,11 @@ func measure(ctx context.Context, g *globals, name string, f benchFlags, op func
 					lr.timeouts++
 				}
 				done.Add(1)
+				if err == nil {
+					inARow.Store(0)
+				} else if failed.Add(1); inARow.Add(1) >= maxInARow && aborted.CompareAndSwap(false, true) {
+					abort()
+				}
 			}
 		})
 	}
@@ -294,6 +316,9 @@ func measure(ctx context.Context, g *globals, name string, f benchFlags, op func
 	stopBar()
 
 	r := &benchResult{Concurrency: f.c, Size: f.size, Verdicts: map[string]int{}, elapsed: elapsed}
+	if aborted.Load() {
+		r.Aborted = fmt.Sprintf("stopped after %d failures in a row (%d in all)", inARow.Load(), failed.Load())
+	}
 	var lat []time.Duration
 	for _, lr := range lanes {
 		lat = append(lat, lr.lat...)
@@ -402,6 +427,9 @@ func printBench(g *globals, f benchFlags, out benchOutput) error {
 		return err
 	}
 	fmt.Fprintf(w, "\npeak legs in flight (mesh client): %d\n", out.Mesh.PeakInFlight)
+	if out.Mesh.Aborted != "" {
+		fmt.Fprintf(w, "run aborted: %s (is the target node still serving?)\n", out.Mesh.Aborted)
+	}
 	if out.Ratio != nil {
 		_, err := fmt.Fprintf(w, "ratio mesh/raw: throughput %.2fx, p50 latency %.2fx\n", out.Ratio.Throughput, out.Ratio.P50)
 		return err

@@ -404,3 +404,36 @@ func TestTimeout(t *testing.T) {
 		t.Fatalf("stderr %q", r.stderr)
 	}
 }
+
+// TestBenchAbortsWhenTargetGoes: a bench whose target node goes away stops
+// after a bounded number of failures and prints what it measured.
+func TestBenchAbortsWhenTargetGoes(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	n, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = n.Register(hubs.EchoKind, hubs.Echo)
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var out, errb bytes.Buffer
+	var code int
+	go func() {
+		defer close(done)
+		code = run([]string{"-s", s.ClientURL(), "--timeout", "200ms", "bench", "-n", "100000", "-c", "8"}, &out, &errb)
+	}()
+	natstest.Eventually(t, 10*time.Second, func() bool { return n.Host().Stats().Accepted > 100 }, "bench running")
+	n.Close()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("bench did not stop after its target went away")
+	}
+	t.Logf("bench after its target went away (exit %d):\n%s", code, out.String())
+	if code != exitVerdict || !strings.Contains(out.String(), "run aborted") {
+		t.Errorf("code %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+}
