@@ -92,6 +92,10 @@ type Config struct {
 	// membership.DefaultAdvisorySubject.
 	AdvisorySubject string
 
+	// DisableIngress: this node does not serve <prefix>.in.*.* (others
+	// do). On by default.
+	DisableIngress bool
+
 	// HTTP is the address of /metrics, /healthz and /readyz; empty
 	// disables the HTTP server.
 	HTTP string
@@ -243,6 +247,7 @@ func Run(ctx context.Context, cfg Config) error {
 			stop()
 		},
 		OnMembershipEvent: met.observe,
+		DisableIngress:    cfg.DisableIngress,
 		OnFatal: func(err error) {
 			log.Error("node cannot go on", "err", err)
 			fatal.Store(&err)

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/natsmesh/natsmesh/hub"
 	"log/slog"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -661,4 +664,154 @@ func rootCause(err error) string {
 		}
 	}
 	return err.Error()
+}
+
+// TestClusterIngressFailsPromptly: a raw nats.go client (not the mesh
+// library) awaits responses through the ingress from an owner that is then
+// SIGKILLed: the ingress answers ShuttingDown at once instead of letting the
+// client wait out its timeout.
+func TestClusterIngressFailsPromptly(t *testing.T) {
+	c := StartCluster(t, 3)
+	c.WaitReady(t)
+	victim := StartTestNode(t, "--name", "v", "--nats-url", c.URLs()[0], "--kv-replicas", "3", "--ingress=false")
+	gateway := StartTestNode(t, "--name", "g", "--nats-url", c.URLs()[1], "--kv-replicas", "3", "--http", "127.0.0.1:0")
+	tc := clientNode(t, c.URLs()[2])
+	live := waitHosting(t, tc, "hold", 2)
+	var vid subjects.NodeID
+	for _, n := range live {
+		if n.Name == "v" {
+			vid = n
+		}
+	}
+	addrs := addressesOn("hold", vid, live, 20)
+	raw, err := nats.Connect(c.URLs()[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	type res struct {
+		msg *nats.Msg
+		err error
+		at  time.Time
+	}
+	out := make(chan res, len(addrs))
+	for i, a := range addrs {
+		m := nats.NewMsg(subjects.DefaultPrefix.Ingress(a, ""))
+		m.Header.Set("Mesh-Id", fmt.Sprintf("raw-%d", i))
+		m.Header.Set("Mesh-Expect-Response", "true")
+		go func() {
+			r, err := raw.RequestMsg(m, 30*time.Second)
+			out <- res{r, err, time.Now()}
+		}()
+	}
+	// Wait until the victim holds them all (its queued + running count).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		msg, err := raw.Request(subjects.DefaultPrefix.Control("v", mesh.ControlStats), nil, 2*time.Second)
+		if err == nil {
+			var st mesh.NodeStatus
+			if jsonUnmarshal(msg.Data, &st) == nil && st.Host.Accepted == int64(len(addrs)) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the victim never held every request")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	killed := time.Now()
+	if err := victim.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var took []time.Duration
+	for range addrs {
+		r := <-out
+		if r.err != nil {
+			t.Fatalf("raw request: %v", r.err)
+		}
+		if v := r.msg.Header.Get("Mesh-Verdict"); v != "ShuttingDown" || r.msg.Header.Get("Mesh-Reason") != "departed" {
+			t.Fatalf("ingress answer: %s %s %q", v, r.msg.Header.Get("Mesh-Reason"), r.msg.Header.Get("Mesh-Message"))
+		}
+		took = append(took, r.at.Sub(killed))
+	}
+	t.Logf("ingress answered %d raw requests ShuttingDown: p50 %v, max %v after the owner's SIGKILL", len(took), percentile(took, .5), percentile(took, 1))
+	if m := percentile(took, 1); m > 2*testTTL {
+		t.Errorf("slowest ingress answer %v", m)
+	}
+	// The gateway's metrics show the departure and how fast it was seen.
+	m := regexp.MustCompile(`(?m)^testnode: http (\S+)$`).FindStringSubmatch(gateway.Stdout())
+	if m == nil {
+		t.Fatalf("no http address in %q", gateway.Stdout())
+	}
+	_, body := httpGet(t, "http://"+m[1]+"/metrics")
+	for _, want := range []string{`natsmesh_membership_events_total{type="disconnected"} 1`, `natsmesh_departure_detection_seconds_count{how="disconnected"} 1`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// TestClusterClaimRace: two nodes on different servers of the cluster race
+// to activate the same 1 000 addresses: exactly one activation each.
+func TestClusterClaimRace(t *testing.T) {
+	c := StartCluster(t, 3)
+	c.WaitReady(t)
+	var nodes []*mesh.Node
+	for i, name := range []string{"ra", "rb"} {
+		nc, err := nats.Connect(c.URLs()[i], nats.Name(membership.ConnNamePrefix+name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		n, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: name, DisableIngress: true, DisableControl: true, Logger: slog.New(slog.DiscardHandler),
+			Membership: &mesh.MembershipConfig{Heartbeat: testHeartbeat, TTL: testTTL, Replicas: 3}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = n.Register("race", func(context.Context, subjects.Address) (hub.Hub, error) {
+			return hub.HandlerFunc(func(context.Context, *hub.Delivery) error { return nil }), nil
+		})
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		nodes = append(nodes, n)
+	}
+	const count = 1000
+	var wg sync.WaitGroup
+	for k, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < count; j++ {
+				i := j
+				if k == 1 {
+					i = count - 1 - j // from the other end: the two meet and contend
+				}
+				release, err := n.Host().Activate(context.Background(), subjects.Address(fmt.Sprintf("race/%d", i)))
+				if err == nil {
+					release()
+				} else if !errors.Is(err, verdict.ErrNotOwner) {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	on := map[subjects.Address]int{}
+	for _, n := range nodes {
+		for _, a := range n.Host().Addresses() {
+			on[a]++
+		}
+	}
+	if len(on) != count {
+		t.Errorf("%d addresses active, want %d", len(on), count)
+	}
+	for a, k := range on {
+		if k != 1 {
+			t.Errorf("%s active on %d nodes", a, k)
+		}
+	}
+	t.Logf("claims: %s %d, %s %d", nodes[0].ID(), nodes[0].Directory().Owned(), nodes[1].ID(), nodes[1].Directory().Owned())
 }

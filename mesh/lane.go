@@ -16,9 +16,12 @@ type LaneKey struct {
 	Stream subjects.Stream  `json:"stream"`
 }
 
-// laneKeyOf reads a delivery's lane identity. The storm breaker reads stream
-// identity through the same function.
-func laneKeyOf(d *Delivery) LaneKey { return LaneKey{Addr: d.To, Stream: d.Stream} }
+// laneKeyOf reads a delivery's lane identity. Its stream identity comes from
+// subjects.StreamIdentity, the function the hub's storm breaker reads it
+// through too, so the two keys agree on which deliveries share a stream.
+func laneKeyOf(d *Delivery) LaneKey {
+	return LaneKey{Addr: d.To, Stream: subjects.StreamIdentity(d.Stream)}
+}
 
 // lane is a sender-side FIFO: q[0] holds the lane (its leg may be in flight
 // or backing off); the rest wait in call order. A lane exists only while it

@@ -41,6 +41,8 @@ func main() {
 	ttl := flag.Duration("ttl", time.Second, "registry TTL")
 	replicas := flag.Int("kv-replicas", 1, "KV replicas")
 	drain := flag.Duration("drain-timeout", 10*time.Second, "drain deadline")
+	ingress := flag.Bool("ingress", true, "serve the ingress")
+	httpAddr := flag.String("http", "", "metrics address")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -85,6 +87,7 @@ func main() {
 	}
 	err = daemon.Run(ctx, daemon.Config{
 		Name: *name, NATSURL: *url, KVReplicas: *replicas, Heartbeat: *hb, TTL: *ttl, DrainTimeout: *drain,
+		DisableIngress: !*ingress, HTTP: *httpAddr,
 		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 		Kinds: map[string]hub.Factory{
 			"hold": func(context.Context, subjects.Address) (hub.Hub, error) {
@@ -97,6 +100,9 @@ func main() {
 			"slow":  counting(50 * time.Millisecond),
 		},
 		Ready: func(i daemon.Info) {
+			if i.HTTPAddr != "" {
+				fmt.Printf("testnode: http %s\n", i.HTTPAddr)
+			}
 			fmt.Printf("meshd: node %s serving on NATS at %s\n", i.Node, i.NATSURL)
 		},
 	})
