@@ -70,6 +70,20 @@ func TestClusterChaos(t *testing.T) {
 		}()
 	}
 
+	// Traffic flows before the first fault.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(outcomes)
+		mu.Unlock()
+		if n >= 300 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("traffic did not start: %d requests", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	faults := map[string]int{}
 	end := time.Now().Add(*chaosDuration)

@@ -33,6 +33,11 @@ import (
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
+// ReadTimeout bounds a directory read while resolving: a directory that is
+// electing a leader yields a resendable verdict.ErrDirectoryUnavailable and
+// the sender retries, rather than a stalled lane.
+const ReadTimeout = 2 * time.Second
+
 // DefaultVerifyInterval is how often an owner re-verifies its claims.
 const DefaultVerifyInterval = 2 * time.Second
 
@@ -238,7 +243,9 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 		}
 		d.cache.CompareAndDelete(addr, n)
 	}
-	c, rev, err := d.read(ctx, addr)
+	rctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	c, rev, err := d.read(rctx, addr)
+	cancel()
 	if err != nil {
 		return subjects.NodeID{}, unavailable("read", err)
 	}
