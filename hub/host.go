@@ -16,6 +16,9 @@ import (
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
+// ClaimTimeout bounds a directory claim on the intake.
+const ClaimTimeout = 2 * time.Second
+
 // Defaults for zero Config fields.
 const (
 	DefaultInboxSize   = 1024
@@ -65,6 +68,11 @@ type Config struct {
 	// whose registration is unconfirmed — after a reconnect, or lost —
 	// serves nothing (DESIGN §5, fencing).
 	Fence func() error
+	// BreakerRate is the storm breaker's limit in deliveries per second per
+	// (sender, target, type, stream) key; over it the intake refuses Ignored
+	// (verdict.ErrStormBreaker). Zero means DefaultBreakerRate; negative
+	// turns the breaker off.
+	BreakerRate int
 	// AwaitServing, if set, is called by a turn when Fence refuses: it
 	// blocks until the node may serve again (nil: handle the delivery) or
 	// never will (an error: fail it late with that error). Without it a
@@ -97,6 +105,9 @@ func (c *Config) validate() error {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
 	}
+	if c.BreakerRate == 0 {
+		c.BreakerRate = DefaultBreakerRate
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -115,6 +126,9 @@ type Stats struct {
 	Handled     int64           `json:"handled"`     // deliveries whose handler returned
 	Late        int64           `json:"late"`        // late verdicts sent after acceptance
 	Deactivated int64           `json:"deactivated"` // activations collected or closed
+
+	// BreakerRefusals counts the storm breaker's refusals (included in Refused).
+	BreakerRefusals int64 `json:"breaker_refusals"`
 }
 
 // Host receives deliveries for one node generation. It is safe for
@@ -128,6 +142,7 @@ type Host struct {
 	acceptedHdr nats.Header
 	log         *slog.Logger
 	dedupe      *dedupe
+	breaker     *breaker // nil: off
 
 	kindsMu sync.RWMutex
 	kinds   map[string]Factory
@@ -142,6 +157,8 @@ type Host struct {
 	wg     sync.WaitGroup // builds, turns, janitor
 
 	accepted, dedupeHits, refused, handled, late, deactivated atomic.Int64
+
+	breakerRefusals atomic.Int64
 }
 
 // New validates cfg and returns a Host that is not yet subscribed. Errors
@@ -153,6 +170,10 @@ func New(cfg Config) (*Host, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	acceptedHdr := nats.Header{}
 	verdict.Encode(acceptedHdr, nil, cfg.Node.String())
+	var br *breaker
+	if cfg.BreakerRate > 0 {
+		br = newBreaker(cfg.BreakerRate, time.Now)
+	}
 	return &Host{
 		acceptedHdr: acceptedHdr,
 		ansPrefix:   cfg.Prefix.Sub(AnswerToken + "."),
@@ -160,6 +181,7 @@ func New(cfg Config) (*Host, error) {
 		nodeID:      cfg.Node.String(),
 		log:         cfg.Logger.With("node", cfg.Node.String()),
 		dedupe:      newDedupe(cfg.DedupeWindow),
+		breaker:     br,
 		kinds:       map[string]Factory{},
 		activations: map[subjects.Address]*activation{},
 		ctx:         ctx,
@@ -238,6 +260,17 @@ func (h *Host) intake(m *nats.Msg) {
 		h.dedupeHits.Add(1)
 		h.reply(m, nil)
 		return
+	}
+	if b := h.breaker; b != nil {
+		k := keyOf(&e.Delivery)
+		if ok, tripped := b.allow(k); !ok {
+			if tripped {
+				h.log.Warn("storm breaker tripped", "sender", k.Sender, "target", string(k.Target), "type", k.Type, "stream", string(k.Stream), "rate", b.rate)
+			}
+			h.breakerRefusals.Add(1)
+			h.refuse(m, verdict.New(verdict.ReasonStormBreaker, "storm breaker: sender %q, target %s, type %q, stream %q over %d deliveries/s", k.Sender, k.Target, k.Type, k.Stream, b.rate))
+			return
+		}
 	}
 	for {
 		h.mu.RLock()
@@ -345,8 +378,12 @@ func (h *Host) activate(addr subjects.Address) (*activation, error) {
 		return nil, verdict.New(verdict.ReasonUnknownKind, "node %s hosts no hub of kind %q", h.nodeID, addr.Kind())
 	}
 	if c := h.cfg.Claims; c != nil {
-		// Seam for the directory (DESIGN §5): claim before accepting.
-		owner, err := c.Claim(h.ctx, addr)
+		// Claim before accepting (DESIGN §5), bounded: the intake must
+		// not stall behind a directory that is electing a leader; the
+		// sender gets a resendable refusal and retries.
+		ctx, cancel := context.WithTimeout(h.ctx, ClaimTimeout)
+		owner, err := c.Claim(ctx, addr)
+		cancel()
 		if err != nil {
 			return nil, &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "claim " + string(addr), Err: err}
 		}
@@ -526,6 +563,7 @@ func (h *Host) Stats() Stats {
 		Node: h.cfg.Node, Activations: n, Queued: q,
 		Accepted: h.accepted.Load(), DedupeHits: h.dedupeHits.Load(), Refused: h.refused.Load(),
 		Handled: h.handled.Load(), Late: h.late.Load(), Deactivated: h.deactivated.Load(),
+		BreakerRefusals: h.breakerRefusals.Load(),
 	}
 }
 

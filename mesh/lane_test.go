@@ -35,7 +35,11 @@ func TestOrderWithRefusals(t *testing.T) {
 		}
 		return n.ID()
 	}}
-	c := newClient(t, natstest.Connect(t, s), res, WithClock(&fakeClock{}))
+	// Retries enough that a delivery refused on all of them is
+	// impossible in practice (0.2^51): this test is about order, and the
+	// default ladder's 7 attempts would all meet a refusal for about 1 in
+	// 78 000 deliveries.
+	c := newClient(t, natstest.Connect(t, s), res, WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 50}))
 
 	ctx := context.Background()
 	results := make([][]<-chan Result, streams)

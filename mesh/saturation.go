@@ -31,7 +31,9 @@ type Saturation struct {
 }
 
 // saturation latches episodes: one log line when legs in flight cross the
-// threshold, none until they fall back below it. Lock-free on the hot path.
+// threshold, none until they fall back to half of it (hysteresis: traffic
+// hovering around the threshold is one episode, not a log line per
+// crossing). Lock-free on the hot path.
 type saturation struct {
 	open    atomic.Bool
 	episode atomic.Uint64
@@ -65,7 +67,7 @@ func (c *Client) observeInFlight(n int64) {
 		return
 	}
 	if n < th {
-		if c.sat.open.Load() {
+		if n <= th/2 && c.sat.open.Load() {
 			c.sat.open.Store(false)
 		}
 		return
