@@ -44,7 +44,7 @@ type collector struct {
 
 	deliveries, retries, legs, peakLegs, lanes, destinations, deepest, episodes *prometheus.Desc
 	accepted, dedupe, refused, handled, late, activations, queued, deactivated  *prometheus.Desc
-	ingress                                                                     *prometheus.Desc
+	ingress, breaker                                                            *prometheus.Desc
 }
 
 func newCollector(n *mesh.Node) *collector {
@@ -70,6 +70,7 @@ func newCollector(n *mesh.Node) *collector {
 		queued:       d("hub_queued", "Accepted deliveries not yet handled."),
 		deactivated:  d("deactivations_total", "Activations collected or closed."),
 		ingress:      d("ingress_total", "Messages taken from the ingress."),
+		breaker:      d("hub_breaker_refusals_total", "Deliveries refused Ignored by the storm breaker."),
 	}
 }
 
@@ -107,4 +108,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.queued, s.Host.Queued)
 	counter(c.deactivated, s.Host.Deactivated)
 	counter(c.ingress, s.Ingress)
+	counter(c.breaker, s.Host.BreakerRefusals)
 }
