@@ -114,12 +114,16 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      BucketName(cfg.Prefix),
-		Description: "natsmesh address directory",
-		Storage:     jetstream.MemoryStorage,
-		Replicas:    cfg.Replicas,
-		History:     1,
+	var kv jetstream.KeyValue
+	err = membership.Retry(ctx, func() (err error) {
+		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      BucketName(cfg.Prefix),
+			Description: "natsmesh address directory",
+			Storage:     jetstream.MemoryStorage,
+			Replicas:    cfg.Replicas,
+			History:     1,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("directory: bucket: %w", err)

@@ -237,7 +237,11 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv, err := OpenBucket(ctx, js, cfg.Prefix, cfg.TTL, cfg.Replicas)
+	var kv jetstream.KeyValue
+	err = Retry(ctx, func() (err error) {
+		kv, err = OpenBucket(ctx, js, cfg.Prefix, cfg.TTL, cfg.Replicas)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("membership: registry bucket: %w", err)
 	}
@@ -250,7 +254,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	}
 	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC()}
 	slices.Sort(m.self.Kinds)
-	if err := m.register(ctx); err != nil {
+	if err := Retry(ctx, func() error { return m.register(ctx) }); err != nil {
 		cancel()
 		return nil, err
 	}
@@ -318,6 +322,31 @@ func (m *Membership) register(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("membership: register %q: too many concurrent registrations", name)
+}
+
+// Retry runs op until it succeeds, fails with an error that is not a
+// JetStream start-up condition, or ctx ends. Right after a JetStream cluster
+// forms or a bucket is created, its stream may have no leader yet: requests
+// meet no responders or time out for a moment.
+func Retry(ctx context.Context, op func() error) error {
+	wait := 50 * time.Millisecond
+	for {
+		err := op()
+		if err == nil || !transient(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+func transient(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
 // connIdentity returns the server ID and client ID of the connection now.
