@@ -169,28 +169,46 @@ func checkAddr(addr string) error {
 	return nil
 }
 
-// kinds resolves the hub kinds to host.
-func (c *Config) kinds() (map[string]hub.Factory, error) {
-	all := hubs.Builtin()
-	for k, f := range c.Kinds {
-		all[k] = f
+// kinds resolves the names of the hub kinds to host (validated before
+// anything starts).
+func (c *Config) kinds() ([]string, error) {
+	all := map[string]bool{}
+	for _, k := range hubs.Names() {
+		all[k] = true
+	}
+	for k := range c.Kinds {
+		all[k] = true
 	}
 	if c.Hubs == nil {
-		return all, nil
+		return keys(all), nil
 	}
-	out := map[string]hub.Factory{}
+	var out []string
 	for _, k := range c.Hubs {
 		k = strings.TrimSpace(k)
 		if k == "" {
 			continue
 		}
-		f, ok := all[k]
-		if !ok {
+		if !all[k] {
 			return nil, fmt.Errorf("%w: unknown hub kind %q (known: %s)", ErrInvalidConfig, k, strings.Join(keys(all), ", "))
 		}
-		out[k] = f
+		out = append(out, k)
 	}
+	slices.Sort(out)
 	return out, nil
+}
+
+// factories returns the factory of each kind; the built-in ones send with
+// the node's client.
+func (c *Config) factories(node *mesh.Node, names []string) map[string]hub.Factory {
+	all := hubs.Builtin(node.Client, c.Logger)
+	for k, f := range c.Kinds {
+		all[k] = f
+	}
+	out := map[string]hub.Factory{}
+	for _, k := range names {
+		out[k] = all[k]
+	}
+	return out
 }
 
 // Run starts the node and blocks until ctx ends or a drain is requested over
@@ -208,7 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := cfg.Logger
-	info := Info{Kinds: keys(kinds)}
+	info := Info{Kinds: kinds}
 
 	var ns *server.Server
 	url := cfg.NATSURL
@@ -263,7 +281,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	for k, f := range kinds {
+	for k, f := range cfg.factories(node, kinds) {
 		if err := node.Register(k, f); err != nil {
 			return err
 		}

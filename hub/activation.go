@@ -206,7 +206,13 @@ func (a *activation) close(err error) {
 // idleSince reports whether the activation is ready, unpinned, has no work
 // and was last active before t. Called with a.mu held.
 func (a *activation) idleSince(t time.Time) bool {
-	return a.state == stateReady && !a.running && a.holds == 0 && a.head == len(a.queue) && a.lastActive.Before(t)
+	if a.state != stateReady || a.running || a.holds != 0 || a.head != len(a.queue) || !a.lastActive.Before(t) {
+		return false
+	}
+	if p, ok := a.hub.(Pinner); ok && p.Pinned() {
+		return false
+	}
+	return true
 }
 
 // deactivate runs the hub's Deactivate and releases the claim, once.

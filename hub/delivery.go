@@ -25,6 +25,13 @@ type Deactivator interface {
 	Deactivate(ctx context.Context)
 }
 
+// Pinner is implemented by hubs that must not be idle-collected while they
+// hold something only they can serve (for instance sync-stream
+// subscribers). Pinned is called on the collector's goroutine.
+type Pinner interface {
+	Pinned() bool
+}
+
 // Factory builds the hub for addr. It runs on its own goroutine and may take
 // as long as it needs (deliveries arriving meanwhile are accepted and parked);
 // ctx is cancelled when the host closes. An error fails every parked delivery

@@ -4,9 +4,11 @@ package hubs
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -22,17 +24,15 @@ func Echo(context.Context, subjects.Address) (hub.Hub, error) {
 	}), nil
 }
 
-// Builtin returns the built-in hub kinds by kind name.
-func Builtin() map[string]hub.Factory {
-	return map[string]hub.Factory{EchoKind: Echo}
+// Builtin returns the built-in hub kinds by kind name; sender is the node's
+// client (the kv hub sends its sync-stream frames with it).
+func Builtin(sender *mesh.Client, log *slog.Logger) map[string]hub.Factory {
+	return map[string]hub.Factory{EchoKind: Echo, KVKind: NewKV(sender, log)}
 }
 
 // Names returns the built-in kinds, sorted.
 func Names() []string {
-	names := make([]string, 0, 1)
-	for k := range Builtin() {
-		names = append(names, k)
-	}
+	names := []string{EchoKind, KVKind}
 	slices.Sort(names)
 	return names
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,13 +224,26 @@ func (n *Node) Directory() *directory.Directory {
 // rejoin. Errors match hub.ErrKindRegistered.
 func (n *Node) Register(kind string, f hub.Factory) error {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if _, ok := n.kinds[kind]; ok {
+		n.mu.Unlock()
 		return fmt.Errorf("%w: %q", hub.ErrKindRegistered, kind)
 	}
 	n.kinds[kind] = f
-	if n.inc != nil {
-		return n.inc.host.Register(kind, f)
+	inc := n.inc
+	n.mu.Unlock()
+	if inc == nil {
+		return nil
+	}
+	if err := inc.host.Register(kind, f); err != nil {
+		return err
+	}
+	if inc.members != nil && !strings.HasPrefix(kind, "_") {
+		// Announce it so placement can use this node for the kind.
+		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
+		defer cancel()
+		if err := inc.members.SetKinds(ctx, n.kindNames()); err != nil {
+			return fmt.Errorf("mesh: announce kind %q: %w", kind, err)
+		}
 	}
 	return nil
 }
@@ -239,7 +253,9 @@ func (n *Node) kindNames() []string {
 	defer n.mu.RUnlock()
 	out := make([]string, 0, len(n.kinds))
 	for k := range n.kinds {
-		out = append(out, k)
+		if !strings.HasPrefix(k, "_") { // internal kinds are never placed
+			out = append(out, k)
+		}
 	}
 	return out
 }

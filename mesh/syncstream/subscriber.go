@@ -1,0 +1,304 @@
+package syncstream
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nuid"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// Recovery settings (DESIGN §7).
+const (
+	GraceAttempts  = 3
+	BackoffInitial = time.Second
+	BackoffMax     = 60 * time.Second
+	// AttemptTimeout bounds one subscribe request.
+	AttemptTimeout = 10 * time.Second
+)
+
+// Handler receives the frames a subscription applies, in order, one at a
+// time (on the subscriber activation's turn). It must not block for long.
+type Handler func(Frame)
+
+// Subscription is a live subscription to an owner's stream. Its methods are
+// safe for concurrent use.
+type Subscription struct {
+	node    *mesh.Node
+	owner   subjects.Address
+	stream  subjects.Stream
+	self    subjects.Address
+	handler Handler
+
+	mu        sync.Mutex
+	epoch     uint64
+	version   uint64
+	attempt   string // the latest subscribe attempt
+	adopted   bool   // its snapshot was applied (a repeat of it is stale)
+	ownerNode subjects.NodeID
+	err       error
+
+	applied, stale, resubscribes atomic.Int64
+	trigger                      chan struct{} // resubscribe now
+	closed                       chan struct{}
+	stop                         chan struct{}
+	stopOnce, closeOnce          sync.Once
+	release                      func()
+	unwatch                      func()
+	wg                           sync.WaitGroup
+}
+
+// registry maps subscriber addresses to their subscriptions, for the
+// subscriber hub kind's factory.
+var registry sync.Map // subjects.Address -> *Subscription
+
+// Subscribe subscribes to stream of the hub at owner, from node: it
+// activates a subscriber address on node, asks the owner for the stream and
+// keeps the subscription alive (see the package documentation). It blocks
+// until the first subscribe attempt is answered or ctx ends; a terminal
+// failure of that attempt is returned as the error. handler receives every
+// applied frame, the first being the snapshot.
+func Subscribe(ctx context.Context, node *mesh.Node, owner subjects.Address, stream subjects.Stream, handler Handler) (*Subscription, error) {
+	if err := owner.Validate(); err != nil {
+		return nil, &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "invalid owner address", Err: err}
+	}
+	if err := stream.Validate(); err != nil {
+		return nil, &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "invalid stream", Err: err}
+	}
+	if err := node.Register(SubscriberKind, subscriberFactory); err != nil && !errors.Is(err, hub.ErrKindRegistered) {
+		return nil, err
+	}
+	s := &Subscription{
+		node: node, owner: owner, stream: subjects.StreamIdentity(stream), handler: handler,
+		self:    subjects.Address(SubscriberKind + "/" + node.ID().Name + "/" + nuid.Next()),
+		trigger: make(chan struct{}, 1), closed: make(chan struct{}), stop: make(chan struct{}),
+	}
+	registry.Store(s.self, s)
+	release, err := node.Host().Activate(ctx, s.self)
+	if err != nil {
+		registry.Delete(s.self)
+		return nil, fmt.Errorf("syncstream: activate subscriber %s: %w", s.self, err)
+	}
+	s.release = release
+	if m := node.Members(); m != nil {
+		s.unwatch = m.OnEvent(func(e membership.Event) {
+			s.mu.Lock()
+			mine := e.Type.Departed() && e.Member.Node == s.ownerNode
+			s.mu.Unlock()
+			if mine {
+				s.poke()
+			}
+		})
+	}
+	first := make(chan error, 1)
+	s.wg.Add(1)
+	go s.run(first)
+	select {
+	case err := <-first:
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	case <-ctx.Done():
+		s.Stop()
+		return nil, ctx.Err()
+	}
+}
+
+func subscriberFactory(_ context.Context, addr subjects.Address) (hub.Hub, error) {
+	v, ok := registry.Load(addr)
+	if !ok {
+		return nil, fmt.Errorf("no subscription at %s", addr)
+	}
+	return v.(*Subscription), nil
+}
+
+// Handle is the subscriber hub: it applies frames through the guard.
+func (s *Subscription) Handle(_ context.Context, d *hub.Delivery) error {
+	if d.Type != TypeFrame {
+		return verdict.New(verdict.ReasonBadRequest, "subscriber takes only %s deliveries", TypeFrame)
+	}
+	var f Frame
+	if err := json.Unmarshal(d.Payload, &f); err != nil {
+		return verdict.New(verdict.ReasonBadRequest, "malformed frame: %v", err)
+	}
+	if f.Closed {
+		s.mu.Lock()
+		current := f.Epoch == s.epoch
+		s.mu.Unlock()
+		if current {
+			s.poke() // the owner activation we follow is going away
+		}
+		return nil
+	}
+	s.mu.Lock()
+	apply := false
+	switch {
+	case f.Snapshot && f.Attempt == s.attempt && !s.adopted:
+		apply = true // the answer to our latest subscribe: adopt its epoch
+		s.adopted = true
+	case f.Epoch == s.epoch && f.newer(s.epoch, s.version):
+		apply = true
+	}
+	if apply {
+		s.epoch, s.version = f.Epoch, f.Version
+	}
+	s.mu.Unlock()
+	if !apply {
+		s.stale.Add(1)
+		return nil
+	}
+	s.applied.Add(1)
+	s.handler(f)
+	return nil
+}
+
+// Pinned keeps the subscriber activation while the subscription lives.
+func (s *Subscription) Pinned() bool {
+	select {
+	case <-s.closed:
+		return false
+	default:
+		return true
+	}
+}
+
+func (s *Subscription) poke() {
+	select {
+	case s.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// run subscribes, then again whenever recovery is triggered.
+func (s *Subscription) run(first chan<- error) {
+	defer s.wg.Done()
+	b := &backoff.ExponentialBackOff{InitialInterval: BackoffInitial, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: BackoffMax}
+	failures := 0
+	for {
+		err := s.subscribeOnce()
+		if first != nil {
+			if err == nil || !verdict.IsTransient(err) {
+				first <- err
+				first = nil
+			}
+		}
+		switch {
+		case err == nil:
+			failures = 0
+			b.Reset()
+			select {
+			case <-s.stop:
+				return
+			case <-s.trigger:
+				s.resubscribes.Add(1)
+				continue
+			}
+		case !verdict.IsTransient(err):
+			s.teardown(err)
+			return
+		}
+		failures++
+		wait := time.Duration(0)
+		if failures > GraceAttempts {
+			wait = b.NextBackOff()
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(wait):
+		}
+		s.resubscribes.Add(1)
+	}
+}
+
+func (s *Subscription) subscribeOnce() error {
+	attempt := nuid.Next()
+	s.mu.Lock()
+	s.attempt, s.adopted = attempt, false
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	resp, err := s.node.Request(ctx, mesh.Delivery{
+		From: s.self, To: s.owner, Stream: s.stream, Type: TypeSubscribe,
+		Payload: encode(subscribeRequest{Subscriber: s.self, Stream: s.stream, Attempt: attempt}),
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.ownerNode = resp.Node
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Subscription) teardown(err error) {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.err = err
+		s.mu.Unlock()
+		close(s.closed)
+	})
+}
+
+// Err returns the error that tore the subscription down, or nil.
+func (s *Subscription) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Closed is closed when the subscription ends: torn down by a terminal
+// failure (Err says which) or stopped.
+func (s *Subscription) Closed() <-chan struct{} { return s.closed }
+
+// Position returns the epoch and version of the last applied frame.
+func (s *Subscription) Position() (epoch, version uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.epoch, s.version
+}
+
+// Stats returns frames applied, frames dropped as stale, and resubscribes.
+func (s *Subscription) Stats() (applied, stale, resubscribes int64) {
+	return s.applied.Load(), s.stale.Load(), s.resubscribes.Load()
+}
+
+// Stop unsubscribes (best effort), releases the subscriber address and
+// ends the subscription. Stopping twice is harmless.
+func (s *Subscription) Stop() {
+	s.stopOnce.Do(func() {
+		close(s.stop)
+		s.wg.Wait()
+		if s.unwatch != nil {
+			s.unwatch()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, _ = s.node.Deliver(ctx, mesh.Delivery{From: s.self, To: s.owner, Stream: s.stream, Type: TypeUnsubscribe,
+			Payload: encode(subscribeRequest{Subscriber: s.self, Stream: s.stream})})
+		cancel()
+		s.teardown(nil)
+		if s.release != nil {
+			s.release()
+		}
+		registry.Delete(s.self)
+	})
+}
