@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/hubs"
+	"github.com/natsmesh/natsmesh/mesh/syncstream"
 	"log/slog"
 	"regexp"
 	"slices"
@@ -814,4 +816,58 @@ func TestClusterClaimRace(t *testing.T) {
 		}
 	}
 	t.Logf("claims: %s %d, %s %d", nodes[0].ID(), nodes[0].Directory().Owned(), nodes[1].ID(), nodes[1].Directory().Owned())
+}
+
+// TestClusterSubscriberFollowsKilledOwner: a sync-stream subscriber whose
+// owner's process is SIGKILLed converges on the new activation (another
+// node) by itself; the time from the kill to the first frame of the new
+// epoch is reported.
+func TestClusterSubscriberFollowsKilledOwner(t *testing.T) {
+	c := StartCluster(t, 3)
+	c.WaitReady(t)
+	nodes := startTestNodes(t, c.URL(), "s1", "s2")
+	tc := clientNode(t, c.URLs()[2])
+	live := waitHosting(t, tc, hubs.KVKind, 2)
+	addr := addressesOn(hubs.KVKind, live[0], live, 1)[0]
+	var mu sync.Mutex
+	var epochs []uint64
+	var firstNew time.Time
+	ss, err := syncstream.Subscribe(context.Background(), tc, addr, "", func(f syncstream.Frame) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(epochs) > 0 && f.Epoch != epochs[len(epochs)-1] && firstNew.IsZero() {
+			firstNew = time.Now()
+		}
+		epochs = append(epochs, f.Epoch)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Stop()
+	if _, err := tc.Request(context.Background(), mesh.Delivery{To: addr, Type: hubs.KVSet, Payload: []byte("a=1")}); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if err := nodes[live[0].Name].Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		done := !firstNew.IsZero()
+		mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			a, st, rs := ss.Stats()
+			e, v := ss.Position()
+			t.Fatalf("the subscriber did not follow the owner to a new activation: applied %d stale %d resubscribes %d position (%d,%d) err %v members %v\nsurvivor stderr:\n%s",
+				a, st, rs, e, v, ss.Err(), tc.Members().Members(), nodes[live[1].Name].Stderr())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	mu.Lock()
+	t.Logf("subscriber converged on the new activation %v after the owner's SIGKILL", firstNew.Sub(killed))
+	mu.Unlock()
 }

@@ -198,13 +198,11 @@ func (s *Subscription) run(first chan<- error) {
 		case err == nil:
 			failures = 0
 			b.Reset()
-			select {
-			case <-s.stop:
+			if !s.await() {
 				return
-			case <-s.trigger:
-				s.resubscribes.Add(1)
-				continue
 			}
+			s.resubscribes.Add(1)
+			continue
 		case !verdict.IsTransient(err):
 			s.teardown(err)
 			return
@@ -220,6 +218,33 @@ func (s *Subscription) run(first chan<- error) {
 		case <-time.After(wait):
 		}
 		s.resubscribes.Add(1)
+	}
+}
+
+// OwnerCheckInterval is how often a subscription also checks that its
+// owner's node is alive, in case a departure event was missed (for
+// instance across a rejoin of the subscriber's own node).
+const OwnerCheckInterval = time.Second
+
+// await waits until recovery is needed (true) or the subscription stops
+// (false).
+func (s *Subscription) await() bool {
+	t := time.NewTicker(OwnerCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return false
+		case <-s.trigger:
+			return true
+		case <-t.C:
+			s.mu.Lock()
+			owner := s.ownerNode
+			s.mu.Unlock()
+			if m := s.node.Members(); m != nil && !owner.IsZero() && !m.Alive(owner) {
+				return true
+			}
+		}
 	}
 }
 

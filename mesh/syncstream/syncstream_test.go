@@ -346,3 +346,53 @@ func TestFailedTearsDownOnce(t *testing.T) {
 		t.Errorf("Subscribe = %v", err)
 	}
 }
+
+// TestOwnerRestartedNewGeneration: the owner's node is restarted under the
+// same name with a new generation: the subscriber converges on the new
+// epoch, and late frames of the old epoch are dropped.
+func TestOwnerRestartedNewGeneration(t *testing.T) {
+	s := natstest.RunServer(t)
+	a, aConn := startNode(t, s, "a", true)
+	sub, _ := startNode(t, s, "sub", false)
+	natstest.Eventually(t, 5*time.Second, func() bool { return len(sub.Members().Hosting(hubs.KVKind)) == 1 }, "owner visible")
+	frames := capture(t, s, sub.ID())
+	m := &mirror{t: t}
+	ss, err := syncstream.Subscribe(context.Background(), sub, "kv/g", "", m.apply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Stop()
+	set(t, sub, "kv/g", "old=1")
+	natstest.Eventually(t, 5*time.Second, func() bool { v, _ := m.get("old"); return v == "1" }, "old epoch")
+	oldEpoch, _ := ss.Position()
+	oldGen := a.ID()
+	aConn.Close()
+	a.Close()
+	a2, _ := startNode(t, s, "a", true)
+	if a2.ID().Generation <= oldGen.Generation {
+		t.Fatalf("restart generation %v not above %v", a2.ID(), oldGen)
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { e, _ := ss.Position(); return e != oldEpoch }, "converged on the new epoch")
+	set(t, sub, "kv/g", "new=2")
+	natstest.Eventually(t, 5*time.Second, func() bool { v, _ := m.get("new"); return v == "2" }, "new epoch's deltas")
+	var old []*nats.Msg
+	natstest.Eventually(t, 5*time.Second, func() bool {
+		old = old[:0]
+		for _, f := range frames() {
+			var fr syncstream.Frame
+			if json.Unmarshal(f.Data, &fr) == nil && fr.Epoch == oldEpoch {
+				old = append(old, f)
+			}
+		}
+		return len(old) == 2 // snapshot and one delta
+	}, "old-epoch frames captured")
+	before, stale0, _ := ss.Stats()
+	replay(t, natstest.Connect(t, s), old)
+	natstest.Eventually(t, 5*time.Second, func() bool { _, st, _ := ss.Stats(); return st == stale0+int64(len(old)) }, "old frames dropped")
+	if after, _, _ := ss.Stats(); after != before {
+		t.Errorf("old-epoch frames applied")
+	}
+	if _, ok := m.get("old"); ok {
+		t.Errorf("the old epoch's state came back: %v", m.state)
+	}
+}
