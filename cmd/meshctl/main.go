@@ -1,8 +1,10 @@
 // Command meshctl is the operator CLI of natsmesh: it lists the nodes of a
 // mesh, their hubs and counters, sends deliveries and requests through the
-// ingress, drains a node and benchmarks delivery throughput. It talks to the
-// mesh over NATS only (the nodes' micro service and control endpoints, and
-// the ingress subjects), so it needs nothing but a NATS URL.
+// ingress, follows a hub's sync stream, drains a node and benchmarks
+// delivery throughput. It talks to the mesh over NATS only (the nodes' micro
+// service and control endpoints, and the ingress subjects), so it needs
+// nothing but a NATS URL; subscribe joins the mesh's membership for its
+// duration, which needs JetStream on the account.
 package main
 
 import (
@@ -33,7 +35,8 @@ const (
 
 const rootLong = `meshctl operates a natsmesh message mesh over NATS: it lists the nodes and
 their hubs and counters, sends deliveries and requests through the ingress,
-drains a node and benchmarks delivery throughput.
+follows a hub's sync stream (subscribe), drains a node and benchmarks
+delivery throughput.
 
 The NATS server is taken from --server, else from the NATS_URL environment
 variable, else nats://127.0.0.1:4222.
@@ -42,9 +45,11 @@ Exit codes:
   0    success
   1    bad usage or invalid input (unknown flag or command, bad address,
        payload over the server's max_payload, ...)
-  2    cannot reach NATS (connection refused, authorization failed, ...)
+  2    cannot reach NATS (connection refused, authorization failed, ...),
+       or no JetStream on the account (subscribe needs the membership)
   3    the mesh answered a failure verdict (its name, reason and message
-       are printed), or no node answered at all (no responders)
+       are printed), or no node answered at all (no responders); for
+       subscribe also: the subscription was torn down
   4    timeout: no answer in --timeout. The outcome of a delivery is then
        unknown (the mesh may hold it and still run it): do not re-send it
        blindly; a re-send under the same --id may be deduped
@@ -194,6 +199,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newStatsCmd(g),
 		newSendCmd(g, false),
 		newSendCmd(g, true),
+		newSubscribeCmd(g),
 		newDrainCmd(g),
 		newBenchCmd(g),
 	)

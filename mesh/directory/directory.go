@@ -116,7 +116,7 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 	}
 	var kv jetstream.KeyValue
 	err = membership.Retry(ctx, func() (err error) {
-		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		kv, err = membership.BindOrCreate(ctx, js, jetstream.KeyValueConfig{
 			Bucket:      BucketName(cfg.Prefix),
 			Description: "natsmesh address directory",
 			Storage:     jetstream.MemoryStorage,

@@ -214,8 +214,12 @@ type Membership struct {
 // OpenBucket creates or binds the registry bucket: memory storage, the
 // configured replicas, history 1, TTL, and markers on expiry so watchers see
 // TTL departures.
+//
+// An existing bucket is used as it is, never reconfigured: the mesh's TTL
+// is the bucket's, set by the first node, so one node with other settings
+// cannot change every node's expiry (Join adapts its heartbeat to it).
 func OpenBucket(ctx context.Context, js jetstream.JetStream, p subjects.Prefix, ttl time.Duration, replicas int) (jetstream.KeyValue, error) {
-	return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	return bindOrCreate(ctx, js, jetstream.KeyValueConfig{
 		Bucket:         BucketName(p),
 		Description:    "natsmesh node registry",
 		Storage:        jetstream.MemoryStorage,
@@ -224,6 +228,27 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, p subjects.Prefix, 
 		TTL:            ttl,
 		LimitMarkerTTL: max(ttl, time.Second),
 	})
+}
+
+// bindOrCreate binds the bucket if it exists, else creates it.
+func bindOrCreate(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, err
+	}
+	kv, err = js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return js.KeyValue(ctx, cfg.Bucket) // created concurrently
+	}
+	return kv, err
+}
+
+// BindOrCreate is bindOrCreate for the directory's bucket.
+func BindOrCreate(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	return bindOrCreate(ctx, js, cfg)
 }
 
 // Join registers this node with a fresh generation, reads the registry, and
@@ -244,6 +269,12 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("membership: registry bucket: %w", err)
+	}
+	// The mesh's TTL is the existing bucket's; beat well inside it.
+	if st, err := kv.Status(ctx); err == nil && st.TTL() > 0 && st.TTL() != cfg.TTL {
+		cfg.Logger.Info("the registry's TTL differs from this node's; following the registry", "registry_ttl", st.TTL().String(), "configured_ttl", cfg.TTL.String())
+		cfg.TTL = st.TTL()
+		cfg.Heartbeat = min(cfg.Heartbeat, cfg.TTL/3)
 	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Membership{
