@@ -736,33 +736,27 @@ func (m *Membership) markLost(why string) {
 // SetKinds announces the hub kinds this generation hosts (kinds registered
 // after it joined), so that placement can use them.
 func (m *Membership) SetKinds(ctx context.Context, kinds []string) error {
-	m.wmu.Lock()
-	defer m.wmu.Unlock()
-	m.mu.RLock()
-	self, rev := m.self, m.rev
-	m.mu.RUnlock()
-	self.Kinds = slices.Clone(kinds)
-	slices.Sort(self.Kinds)
-	b, _ := json.Marshal(self)
-	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	m.self, m.rev = self, nrev
-	m.mu.Unlock()
-	return nil
+	return m.updateSelf(ctx, func(self *Member) {
+		self.Kinds = slices.Clone(kinds)
+		slices.Sort(self.Kinds)
+	})
 }
 
 // SetDraining marks this generation draining in the registry: it keeps what
 // it holds but takes no new placements.
 func (m *Membership) SetDraining(ctx context.Context) error {
+	return m.updateSelf(ctx, func(self *Member) { self.Draining = true })
+}
+
+// updateSelf rewrites this generation's entry with change applied, under
+// the revision chain the heartbeat also follows.
+func (m *Membership) updateSelf(ctx context.Context, change func(*Member)) error {
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
 	m.mu.RLock()
 	self, rev := m.self, m.rev
 	m.mu.RUnlock()
-	self.Draining = true
+	change(&self)
 	b, _ := json.Marshal(self)
 	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
 	if err != nil {
