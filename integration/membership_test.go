@@ -33,9 +33,11 @@ const (
 
 // clientNode joins the cluster's membership from the test process as a node
 // that hosts nothing: a sender that learns departures like any node.
-func clientNode(t *testing.T, url string) *mesh.Node { return clientNodeTB(t, url) }
+func clientNode(t *testing.T, url string, opts ...mesh.Option) *mesh.Node {
+	return clientNodeTB(t, url, opts...)
+}
 
-func clientNodeTB(t testing.TB, url string) *mesh.Node {
+func clientNodeTB(t testing.TB, url string, opts ...mesh.Option) *mesh.Node {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.Name(membership.ConnNamePrefix+"tc"), nats.MaxReconnects(-1))
 	if err != nil {
@@ -45,7 +47,7 @@ func clientNodeTB(t testing.TB, url string) *mesh.Node {
 	n, err := mesh.NewNode(mesh.NodeConfig{
 		Conn: nc, Name: "tc", DisableIngress: true, DisableControl: true, Logger: slog.New(slog.DiscardHandler),
 		Membership: &mesh.MembershipConfig{Heartbeat: testHeartbeat, TTL: testTTL, Replicas: 3},
-	}, mesh.WithSaturationThreshold(0))
+	}, append([]mesh.Option{mesh.WithSaturationThreshold(0)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,7 +559,16 @@ func TestClusterKillNATSServer(t *testing.T) {
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "k1", "k2", "k3")
 	_ = nodes
-	tc := clientNode(t, c.URLs()[0]+","+c.URLs()[1]+","+c.URLs()[2])
+	// A delivery accepted by a node that then lost its registration (its
+	// server died and its entry expired) is failed late, ShuttingDown: that
+	// late verdict replaces its Accepted.
+	var lateMu sync.Mutex
+	late := map[string]error{}
+	tc := clientNode(t, c.URLs()[0]+","+c.URLs()[1]+","+c.URLs()[2], mesh.WithLateVerdicts(func(v mesh.LateVerdict) {
+		lateMu.Lock()
+		late[v.ID] = v.Err
+		lateMu.Unlock()
+	}))
 	waitHosting(t, tc, "count", 3)
 	execs := subscribeExecs(t, c.URLs()[1]+","+c.URLs()[2])
 
@@ -627,7 +638,7 @@ func TestClusterKillNATSServer(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(40 * time.Second)
 	for {
 		execs.mu.Lock()
 		n := 0
@@ -636,12 +647,21 @@ func TestClusterKillNATSServer(t *testing.T) {
 			ids[m.Header.Get("Mesh-Id")]++
 		}
 		execs.mu.Unlock()
+		lateMu.Lock()
 		for id := range accepted {
 			if ids[id] >= 1 {
 				n++
+			} else if err, ok := late[id]; ok {
+				if !verdict.IsResendable(err) {
+					t.Errorf("%s: late verdict %v is not resendable", id, err)
+				}
+				n++ // truthfully failed late: not executed
 			}
 		}
+		lateFailed := len(late)
+		lateMu.Unlock()
 		if n == len(accepted) {
+			t.Logf("%d accepted deliveries were failed late (ShuttingDown) by a node that lost its registration", lateFailed)
 			dups := 0
 			for _, k := range ids {
 				if k > 1 {
