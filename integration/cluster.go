@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -65,6 +66,30 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	if n < 1 {
 		t.Fatalf("StartCluster: n = %d", n)
 	}
+	// Free ports are picked, released, then bound by the servers: another
+	// process may take one in between. Start afresh with new ports then.
+	for attempt := 1; ; attempt++ {
+		c, err := startCluster(t, n)
+		if err == nil {
+			return c
+		}
+		c.stopAll()
+		if attempt == 3 {
+			t.Fatalf("StartCluster: %v", err)
+		}
+		t.Logf("StartCluster: %v; retrying with new ports", err)
+	}
+}
+
+func (c *Cluster) stopAll() {
+	for _, s := range c.servers {
+		if s.NATSServer != nil {
+			_ = s.Process.Cmd.Process.Kill()
+		}
+	}
+}
+
+func startCluster(t testing.TB, n int) (*Cluster, error) {
 	c := &Cluster{t: t, bin: Build(t).NATSServer}
 	dir := t.TempDir()
 	for i := range n {
@@ -112,17 +137,51 @@ cluster {
 		}
 	}
 	for i := range c.servers {
-		c.start(i)
+		if err := c.tryStart(i); err != nil {
+			return c, err
+		}
 	}
-	return c
+	return c, nil
 }
 
 func (c *Cluster) start(i int) {
 	c.t.Helper()
+	if err := c.tryStart(i); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// tryStart runs server i and waits until it accepts clients, or fails if
+// it exits first (e.g. a port was taken) or takes over 15 s.
+func (c *Cluster) tryStart(i int) error {
 	s := c.servers[i]
 	p := Start(c.t, c.bin, "-c", s.ConfigFile)
-	WaitTCP(c.t, fmt.Sprintf("127.0.0.1:%d", s.ClientPort), 15*time.Second)
 	s.NATSServer = &NATSServer{Process: p, URL: fmt.Sprintf("nats://127.0.0.1:%d", s.ClientPort)}
+	addr := fmt.Sprintf("127.0.0.1:%d", s.ClientPort)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			conn.Close()
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited before serving on %s: %s", s.Name, addr, lastLine(p.Stderr()))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not serving on %s after 15s", s.Name, addr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
 }
 
 // N is the number of servers.

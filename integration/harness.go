@@ -221,16 +221,31 @@ func Run(t testing.TB, timeout time.Duration, env []string, bin string, args ...
 	return out.String(), errb.String(), code
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago and that
+// this process has not handed out before.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		portsMu.Lock()
+		used := portsHanded[port]
+		portsHanded[port] = true
+		portsMu.Unlock()
+		if !used {
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
+
+var (
+	portsMu     sync.Mutex
+	portsHanded = map[int]bool{}
+)
 
 // NATSServer is a nats-server process.
 type NATSServer struct {
