@@ -141,6 +141,16 @@ func (c *Config) validate() error {
 	if c.DrainTimeout < 0 || c.Heartbeat < 0 || c.TTL < 0 || c.KVReplicas < 0 {
 		return fmt.Errorf("%w: negative drain timeout, heartbeat, TTL or KV replicas", ErrInvalidConfig)
 	}
+	hb, ttl := c.Heartbeat, c.TTL
+	if hb == 0 {
+		hb = membership.DefaultHeartbeat
+	}
+	if ttl == 0 {
+		ttl = membership.DefaultTTL
+	}
+	if !c.Standalone && hb >= ttl {
+		return fmt.Errorf("%w: the TTL (%v) must exceed the heartbeat (%v)", ErrInvalidConfig, ttl, hb)
+	}
 	if c.DataDir == "" {
 		c.DataDir = DefaultDataDir
 	}

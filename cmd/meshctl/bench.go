@@ -101,7 +101,7 @@ are printed either way.`,
 	fl.IntVarP(&f.n, "count", "n", 10000, "number of deliveries")
 	fl.IntVarP(&f.c, "concurrency", "c", 16, "concurrent lanes (streams bench-0 .. bench-<c-1>)")
 	fl.IntVar(&f.size, "size", 128, "payload size in bytes")
-	fl.StringVar(&f.node, "node", "", "target node name (default: the first node hosting the kind)")
+	fl.StringVar(&f.node, "node", "", "deliver straight to this node (it must own --to, else every delivery is refused); default: the owner found through the ingress")
 	fl.BoolVar(&f.baseline, "baseline", false, "also measure plain NATS request/reply of the same shape")
 	return cmd
 }
@@ -195,6 +195,16 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 // benchTarget picks the node to deliver to: the named one, else the first
 // (by name) that hosts the address's kind and is not draining.
 func benchTarget(ctx context.Context, g *globals, nc *nats.Conn, addr subjects.Address, name string) (subjects.NodeID, error) {
+	if name == "" {
+		// With several nodes the address has one owner: activate it
+		// through the ingress and bench the node that accepted it.
+		a, err := deliverIngress(ctx, nc, g.meshPrefix(), ingressDelivery{To: addr, Type: "natsmesh.bench.warmup"}, g.timeout)
+		if err == nil && a.Err == nil && a.Node != "" {
+			if id, perr := subjects.ParseNodeID(a.Node); perr == nil {
+				return id, nil
+			}
+		}
+	}
 	nodes, err := g.discover(ctx, nc)
 	if err != nil {
 		return subjects.NodeID{}, err

@@ -174,7 +174,12 @@ func printAccepted(g *globals, a ingressAnswer, request bool) error {
 		}
 		err = writeJSON(g.stdout, v)
 	case request:
+		// The response as it is, ended by a newline for the terminal
+		// (like nats req); -o json gives the exact bytes.
 		_, err = g.stdout.Write(a.Payload)
+		if err == nil && (len(a.Payload) == 0 || a.Payload[len(a.Payload)-1] != '\n') {
+			_, err = g.stdout.Write([]byte{'\n'})
+		}
 	default:
 		node := a.Node
 		if node == "" {

@@ -116,9 +116,9 @@ took over; 130 a second signal during the drain.`,
 	f.StringVar(&o.http, "http", env("MESHD_HTTP", "127.0.0.1:7070"), "address of /metrics, /healthz, /readyz; empty disables (MESHD_HTTP)")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", daemon.DefaultDrainTimeout, "bound on the drain at shutdown (MESHD_DRAIN_TIMEOUT)")
 	f.BoolVar(&o.standalone, "standalone", env("MESHD_STANDALONE", "") == "true", "a one-node mesh without the membership registry and directory (MESHD_STANDALONE=true)")
-	f.IntVar(&o.kvReplicas, "kv-replicas", 1, "replicas of the registry and directory KV buckets; 3 on a 3-server cluster (MESHD_KV_REPLICAS)")
-	f.DurationVar(&o.heartbeat, "heartbeat", membership.DefaultHeartbeat, "registry heartbeat (MESHD_HEARTBEAT)")
-	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone (MESHD_TTL)")
+	f.IntVar(&o.kvReplicas, "kv-replicas", 1, "replicas of the registry and directory KV buckets, used by the node that creates them; 3 on a 3-server cluster (MESHD_KV_REPLICAS)")
+	f.DurationVar(&o.heartbeat, "heartbeat", membership.DefaultHeartbeat, "registry heartbeat; 0 means the default (MESHD_HEARTBEAT)")
+	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default (MESHD_TTL)")
 	f.StringVar(&o.logFormat, "log-format", env("MESHD_LOG_FORMAT", "auto"), "auto (text on a terminal, else JSON), text or json (MESHD_LOG_FORMAT)")
 	f.StringVar(&o.logLevel, "log-level", env("MESHD_LOG_LEVEL", "info"), "debug, info, warn or error (MESHD_LOG_LEVEL)")
 	for flag, key := range map[string]string{"drain-timeout": "MESHD_DRAIN_TIMEOUT", "kv-replicas": "MESHD_KV_REPLICAS", "heartbeat": "MESHD_HEARTBEAT", "ttl": "MESHD_TTL"} {

@@ -270,7 +270,14 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	if err != nil {
 		return nil, fmt.Errorf("membership: registry bucket: %w", err)
 	}
-	// The mesh's TTL is the existing bucket's; beat well inside it.
+	// The mesh's TTL and replicas are the existing bucket's; beat well
+	// inside its TTL.
+	if st, err := kv.Status(ctx); err == nil {
+		if kst, ok := st.(*jetstream.KeyValueBucketStatus); ok && kst.StreamInfo().Config.Replicas != cfg.Replicas {
+			cfg.Logger.Info("the registry's replica count differs from this node's; the registry is not reconfigured",
+				"registry_replicas", kst.StreamInfo().Config.Replicas, "configured_replicas", cfg.Replicas)
+		}
+	}
 	if st, err := kv.Status(ctx); err == nil && st.TTL() > 0 && st.TTL() != cfg.TTL {
 		cfg.Logger.Info("the registry's TTL differs from this node's; following the registry", "registry_ttl", st.TTL().String(), "configured_ttl", cfg.TTL.String())
 		cfg.TTL = st.TTL()

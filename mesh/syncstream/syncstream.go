@@ -46,7 +46,8 @@ const SubscriberKind = "_sub"
 type Frame struct {
 	// Epoch identifies the owner activation that emitted the frame.
 	Epoch uint64 `json:"epoch"`
-	// Version orders the frames of one epoch: 1, 2, 3, …
+	// Version orders the frames of one epoch: each change increments it;
+	// a snapshot carries the version of the last change (0 if none yet).
 	Version uint64 `json:"version"`
 	// Snapshot: Data is the full state, not a change.
 	Snapshot bool `json:"snapshot,omitempty"`
