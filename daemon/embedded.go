@@ -43,7 +43,14 @@ const embeddedAccountsConf = `
 ping_interval: "500ms"
 ping_max: 2
 
-accounts {
+` + AccountsConf
+
+// AccountsConf is the account configuration natsmesh needs from a NATS
+// server, as docs/operations.md gives it to operators: the system account
+// SYS exports the client-disconnect advisory of the application account
+// MESH, to MESH only; MESH has JetStream and imports the advisory under the
+// same subject; a client without credentials lands in MESH.
+const AccountsConf = `accounts {
   SYS {
     exports: [{stream: "$SYS.ACCOUNT.MESH.DISCONNECT", accounts: [MESH]}]
   }

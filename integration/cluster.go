@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"github.com/natsmesh/natsmesh/daemon"
 	"io"
 	"net"
 	"net/http"
@@ -14,27 +15,12 @@ import (
 )
 
 // ClusterAccountsConf is the account configuration of every server of a
-// Cluster, exactly as docs/operations.md gives it to operators: the system
-// account SYS exports the client-disconnect advisory of the application
-// account MESH, to MESH only; MESH has JetStream and imports the advisory
-// under the same subject; a client without credentials lands in MESH.
-const ClusterAccountsConf = `accounts {
-  SYS {
-    exports: [{stream: "$SYS.ACCOUNT.MESH.DISCONNECT", accounts: [MESH]}]
-  }
-  MESH {
-    jetstream: enabled
-    users: [{user: mesh}]
-    imports: [{stream: {account: SYS, subject: "$SYS.ACCOUNT.MESH.DISCONNECT"}}]
-  }
-}
-system_account: SYS
-no_auth_user: mesh
-`
+// Cluster: the same as meshd's embedded server and docs/operations.md.
+const ClusterAccountsConf = daemon.AccountsConf
 
 // ClusterAdvisorySubject is the disconnect advisory as a MESH client
 // subscribes to it.
-const ClusterAdvisorySubject = "$SYS.ACCOUNT.MESH.DISCONNECT"
+const ClusterAdvisorySubject = daemon.AdvisorySubjectEmbedded
 
 // Cluster is a cluster of nats-server processes joined by routes, with
 // JetStream, the accounts of ClusterAccountsConf, and ping_interval 500ms /
