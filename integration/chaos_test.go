@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/natsmesh/natsmesh/internal/natstest"
 	"math/rand/v2"
 	"sync"
 	"syscall"
@@ -71,19 +72,11 @@ func TestClusterChaos(t *testing.T) {
 	}
 
 	// Traffic flows before the first fault.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	natstest.Eventually(t, 30*time.Second, func() bool {
 		mu.Lock()
-		n := len(outcomes)
-		mu.Unlock()
-		if n >= 300 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("traffic did not start: %d requests", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return len(outcomes) >= 300
+	}, "traffic flowing (300 requests)")
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	faults := map[string]int{}
 	end := time.Now().Add(*chaosDuration)

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"github.com/natsmesh/natsmesh/internal/natstest"
 	"slices"
 	"syscall"
 	"testing"
@@ -28,13 +29,7 @@ func BenchmarkDepartureDetection(b *testing.B) {
 				name += "g"
 			}
 			nd := StartTestNode(b, "--name", name, "--nats-url", c.URLs()[1+i%2], "--kv-replicas", "3")
-			deadline := time.Now().Add(30 * time.Second)
-			for len(tc.Members().Hosting("hold")) != 1 {
-				if time.Now().After(deadline) {
-					b.Fatal("node never joined")
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			natstest.Eventually(b, 30*time.Second, func() bool { return len(tc.Members().Hosting("hold")) == 1 }, "%s joined", name)
 			seen := make(chan membership.Event, 4)
 			stop := tc.Members().OnEvent(func(e membership.Event) {
 				if e.Type.Departed() && e.Member.Node.Name == name {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/hubs"
+	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh/syncstream"
 	"log/slog"
 	"regexp"
@@ -61,17 +62,12 @@ func clientNodeTB(t testing.TB, url string, opts ...mesh.Option) *mesh.Node {
 // waitHosting waits until the client sees want live nodes hosting kind.
 func waitHosting(t *testing.T, n *mesh.Node, kind string, want int) []subjects.NodeID {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		h := n.Members().Hosting(kind)
-		if len(h) == want {
-			return h
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d nodes host %q, want %d", len(h), kind, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var h []subjects.NodeID
+	natstest.Eventually(t, 30*time.Second, func() bool {
+		h = n.Members().Hosting(kind)
+		return len(h) == want
+	}, "%d nodes hosting %q", want, kind)
+	return h
 }
 
 func startTestNodes(t *testing.T, url string, names ...string) map[string]*Meshd {
@@ -128,13 +124,8 @@ func TestClusterKillOwnerFailsPromptly(t *testing.T) {
 			results <- result{err, time.Now()}
 		}()
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for tc.Stats().Accepted-before < int64(len(addrs)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d requests accepted", tc.Stats().Accepted-before, len(addrs))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	natstest.Eventually(t, 30*time.Second, func() bool { return tc.Stats().Accepted-before >= int64(len(addrs)) },
+		"all %d requests accepted", len(addrs))
 	killedAt := time.Now()
 	if err := nodes[victim.Name].Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -236,9 +227,7 @@ func TestClusterRestartSameName(t *testing.T) {
 		_, err := tc.Request(context.Background(), mesh.Delivery{To: addr})
 		res <- err
 	}()
-	for tc.Stats().Accepted == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	natstest.Eventually(t, 30*time.Second, func() bool { return tc.Stats().Accepted > 0 }, "the request accepted")
 	// Freeze the old process (it keeps its TCP connection for a while) and
 	// start a new one with the same name.
 	if err := old.Signal(syscall.SIGSTOP); err != nil {
@@ -286,13 +275,7 @@ func TestClusterFrozenOwnerFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	frozen := time.Now()
-	deadline := time.Now().Add(20 * time.Second)
-	for tc.Members().Alive(victim) {
-		if time.Now().After(deadline) {
-			t.Fatal("the frozen owner was never declared gone")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	natstest.Eventually(t, 20*time.Second, func() bool { return !tc.Members().Alive(victim) }, "the frozen owner declared gone")
 	t.Logf("frozen owner declared gone after %v", time.Since(frozen))
 	for _, a := range addrs {
 		r, err := tc.Request(context.Background(), mesh.Delivery{To: a, Payload: []byte("during")})
@@ -305,17 +288,10 @@ func TestClusterFrozenOwnerFenced(t *testing.T) {
 	}
 	// The woken process rejoins with a new generation; its old generation
 	// serves nothing.
-	deadline = time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, func() bool {
 		h := tc.Members().Hosting("count")
-		if len(h) == 2 && !slices.Contains(h, victim) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the woken node did not rejoin: %v", h)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return len(h) == 2 && !slices.Contains(h, victim)
+	}, "the woken node rejoined with a new generation")
 	plain, err := nats.Connect(c.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -465,13 +441,7 @@ func TestClusterRollingRestart(t *testing.T) {
 			return s
 		}
 		target := sum() + n
-		deadline := time.Now().Add(30 * time.Second)
-		for sum() < target {
-			if time.Now().After(deadline) {
-				t.Fatalf("traffic stalled: %d accepted, want %d", sum(), target)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		natstest.Eventually(t, 30*time.Second, func() bool { return sum() >= target }, "%d deliveries accepted (traffic stalled?)", target)
 	}
 	for _, name := range names {
 		progress(500)
@@ -498,16 +468,11 @@ func TestClusterRollingRestart(t *testing.T) {
 	for _, err := range failures {
 		t.Errorf("delivery failed: %v", err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, func() bool {
 		execs.mu.Lock()
-		n := len(execs.events)
-		execs.mu.Unlock()
-		if n >= total || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		defer execs.mu.Unlock()
+		return len(execs.events) >= total
+	}, "%d executions reported", total)
 	execs.mu.Lock()
 	defer execs.mu.Unlock()
 	type exec struct {
@@ -609,13 +574,7 @@ func TestClusterKillNATSServer(t *testing.T) {
 		return len(accepted)
 	}
 	waitFor := func(n int) {
-		deadline := time.Now().Add(60 * time.Second)
-		for count() < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("traffic stalled at %d accepted (want %d)", count(), n)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		natstest.Eventually(t, 60*time.Second, func() bool { return count() >= n }, "%d deliveries accepted (traffic stalled?)", n)
 	}
 	waitFor(500)
 	c.Kill(0)
@@ -727,20 +686,11 @@ func TestClusterIngressFailsPromptly(t *testing.T) {
 		}()
 	}
 	// Wait until the victim holds them all (its queued + running count).
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, func() bool {
 		msg, err := raw.Request(subjects.DefaultPrefix.Control("v", mesh.ControlStats), nil, 2*time.Second)
-		if err == nil {
-			var st mesh.NodeStatus
-			if jsonUnmarshal(msg.Data, &st) == nil && st.Host.Accepted == int64(len(addrs)) {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the victim never held every request")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		var st mesh.NodeStatus
+		return err == nil && jsonUnmarshal(msg.Data, &st) == nil && st.Host.Accepted == int64(len(addrs))
+	}, "the victim holding every request")
 	killed := time.Now()
 	if err := victim.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
