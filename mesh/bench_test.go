@@ -116,26 +116,7 @@ func BenchmarkSequential(b *testing.B) {
 func BenchmarkConcurrent256(b *testing.B) {
 	s := natstest.RunServer(b)
 	const lanes = 256
-	run := func(b *testing.B, do func(worker int) error) {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		b.ResetTimer()
-		for w := 0; w < lanes; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for next.Add(1) <= int64(b.N) {
-					if err := do(w); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		b.StopTimer()
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
-	}
+	run := func(b *testing.B, do func(worker int) error) { runWorkers(b, lanes, do) }
 	b.Run("mesh", func(b *testing.B) {
 		n := benchNode(b, s)
 		ctx := context.Background()
@@ -180,46 +161,18 @@ func BenchmarkDistantStreams(b *testing.B) {
 	rawConn := natstest.ConnectURL(b, p.URL())
 	for _, streams := range []int{1, 64} {
 		b.Run(fmt.Sprintf("raw/requesters=%d", streams), func(b *testing.B) {
-			var next atomic.Int64
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			for w := 0; w < streams; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for next.Add(1) <= int64(b.N) {
-						if _, err := rawConn.Request("raw.far", payload128, 5*time.Second); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
+			runWorkers(b, streams, func(int) error {
+				_, err := rawConn.Request("raw.far", payload128, 5*time.Second)
+				return err
+			})
 		})
 	}
 	for _, streams := range []int{1, 64} {
 		b.Run(fmt.Sprintf("streams=%d", streams), func(b *testing.B) {
-			var next atomic.Int64
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			for w := 0; w < streams; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for next.Add(1) <= int64(b.N) {
-						if _, err := c.Deliver(context.Background(), Delivery{To: "bench/far", Stream: subjects.Stream(fmt.Sprint(w)), Payload: payload128}); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
+			runWorkers(b, streams, func(w int) error {
+				_, err := c.Deliver(context.Background(), Delivery{To: "bench/far", Stream: subjects.Stream(fmt.Sprint(w)), Payload: payload128})
+				return err
+			})
 		})
 	}
 }
@@ -266,4 +219,27 @@ func BenchmarkIdleActivations(b *testing.B) {
 		b.ReportMetric(float64(runtime.NumGoroutine()-g0), "goroutines")
 		h.Close()
 	}
+}
+
+// runWorkers runs b.N calls of do spread over workers goroutines (each
+// calling one after another with its own index) and reports deliveries/s.
+func runWorkers(b *testing.B, workers int, do func(worker int) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				if err := do(w); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
 }
