@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
@@ -44,6 +45,21 @@ func (h *holdingIntake) release(node subjects.NodeID) {
 	}
 }
 
+// holdIntake subscribes a holdingIntake on node's delivery subject.
+func holdIntake(t *testing.T, s *server.Server, node subjects.NodeID) *holdingIntake {
+	t.Helper()
+	intake := &holdingIntake{}
+	nc := natstest.Connect(t, s)
+	if _, err := nc.Subscribe(subjects.DefaultPrefix.NodeSubscription(node), func(m *nats.Msg) {
+		intake.mu.Lock()
+		intake.held = append(intake.held, m)
+		intake.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return intake
+}
+
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -74,15 +90,7 @@ func (s *syncBuffer) lines(msg string) []map[string]any {
 func TestSaturationEpisodes(t *testing.T) {
 	s := natstest.RunServer(t)
 	slow := subjects.NodeID{Name: "slow", Generation: 1}
-	intake := &holdingIntake{}
-	nc := natstest.Connect(t, s)
-	if _, err := nc.Subscribe(subjects.DefaultPrefix.NodeSubscription(slow), func(m *nats.Msg) {
-		intake.mu.Lock()
-		intake.held = append(intake.held, m)
-		intake.mu.Unlock()
-	}); err != nil {
-		t.Fatal(err)
-	}
+	intake := holdIntake(t, s, slow)
 	var logs syncBuffer
 	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: slow},
 		WithSaturationThreshold(4), WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
@@ -141,15 +149,7 @@ func TestSaturationEpisodes(t *testing.T) {
 func TestInFlightCap(t *testing.T) {
 	s := natstest.RunServer(t)
 	slow := subjects.NodeID{Name: "slow", Generation: 1}
-	intake := &holdingIntake{}
-	nc := natstest.Connect(t, s)
-	if _, err := nc.Subscribe(subjects.DefaultPrefix.NodeSubscription(slow), func(m *nats.Msg) {
-		intake.mu.Lock()
-		intake.held = append(intake.held, m)
-		intake.mu.Unlock()
-	}); err != nil {
-		t.Fatal(err)
-	}
+	intake := holdIntake(t, s, slow)
 	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: slow}, WithMaxInFlight(3), WithSaturationThreshold(0))
 	var rs []<-chan Result
 	for i := 0; i < 5; i++ {
