@@ -128,8 +128,13 @@ func TestSaturationEpisodes(t *testing.T) {
 	if len(lines) != 1 {
 		t.Fatalf("%d log lines in the first episode, want 1", len(lines))
 	}
+	// The line shows the state at the crossing: the burst may still be
+	// joining its lanes then (the 4th leg can leave before the 6th lane
+	// exists), so lanes lie between the legs in flight and 6, and each lane
+	// here is its own destination.
 	l := lines[0]
-	if l["episode"] != 1.0 || l["legs_in_flight"].(float64) < 4 || l["max_in_flight"] != 256.0 || l["lanes"] != 6.0 || l["destinations"] != 6.0 {
+	legs, lanes := l["legs_in_flight"].(float64), l["lanes"].(float64)
+	if l["episode"] != 1.0 || legs < 4 || l["max_in_flight"] != 256.0 || lanes < legs || lanes > 6 || l["destinations"] != lanes {
 		t.Errorf("log line %v", l)
 	}
 	wait(rs)
