@@ -87,6 +87,10 @@ type Config struct {
 	// 1 s and 3 s); the disconnect advisory is faster where the account
 	// configuration provides it (docs/operations.md).
 	Heartbeat, TTL time.Duration
+	// PlacementWait bounds how long a delivery to a kind no live node
+	// hosts is retried (mesh.WithPlacementWait); zero means
+	// mesh.DefaultPlacementWait.
+	PlacementWait time.Duration
 	// AdvisorySubject overrides where disconnect advisories are read;
 	// zero means the default for the embedded server or
 	// membership.DefaultAdvisorySubject.
@@ -138,8 +142,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("%w: http: %w", ErrInvalidConfig, err)
 		}
 	}
-	if c.DrainTimeout < 0 || c.Heartbeat < 0 || c.TTL < 0 || c.KVReplicas < 0 {
-		return fmt.Errorf("%w: negative drain timeout, heartbeat, TTL or KV replicas", ErrInvalidConfig)
+	if c.DrainTimeout < 0 || c.Heartbeat < 0 || c.TTL < 0 || c.KVReplicas < 0 || c.PlacementWait < 0 {
+		return fmt.Errorf("%w: negative drain timeout, heartbeat, TTL, placement wait or KV replicas", ErrInvalidConfig)
+	}
+	if c.PlacementWait == 0 {
+		c.PlacementWait = mesh.DefaultPlacementWait
 	}
 	hb, ttl := c.Heartbeat, c.TTL
 	if hb == 0 {
@@ -264,6 +271,12 @@ func Run(ctx context.Context, cfg Config) error {
 	defer nc.Close()
 	info.NATSURL = nc.ConnectedUrlRedacted()
 
+	if !cfg.Standalone {
+		if err := checkJetStream(ctx, nc); err != nil {
+			return err
+		}
+	}
+
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	met := newDepartureMetrics()
@@ -287,7 +300,7 @@ func Run(ctx context.Context, cfg Config) error {
 			Heartbeat: cfg.Heartbeat, TTL: cfg.TTL, Replicas: cfg.KVReplicas, AdvisorySubject: cfg.AdvisorySubject,
 		}
 	}
-	node, err := mesh.NewNode(ncfg)
+	node, err := mesh.NewNode(ncfg, mesh.WithPlacementWait(cfg.PlacementWait))
 	if err != nil {
 		return err
 	}
@@ -356,6 +369,44 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info("drained")
 	return nil
+}
+
+// ErrNoJetStream: the NATS account has no JetStream, which the membership
+// needs.
+var ErrNoJetStream = errors.New("daemon: no JetStream on the NATS account")
+
+// jetStreamWait bounds how long a start waits for JetStream to answer (a
+// cluster that just formed may have no meta leader for a moment).
+const jetStreamWait = 10 * time.Second
+
+// checkJetStream makes sure the account has JetStream before the node joins
+// the membership: without it the registry's requests would only time out.
+// A server or account without JetStream answers at once (no responders on
+// the JetStream API, or error 10039).
+func checkJetStream(ctx context.Context, nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("daemon: JetStream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, jetStreamWait)
+	defer cancel()
+	for {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.AccountInfo(actx)
+		acancel()
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+			return fmt.Errorf("%w at %s: the membership (node registry and address directory) needs JetStream; enable it for the account, or run --standalone for a one-node mesh", ErrNoJetStream, nc.ConnectedUrlRedacted())
+		case ctx.Err() != nil:
+			return fmt.Errorf("daemon: JetStream on the NATS account at %s did not answer in %v (%v); the membership needs it, or run --standalone", nc.ConnectedUrlRedacted(), jetStreamWait, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // startEmbedded runs a nats-server in this process on cfg.Listen with

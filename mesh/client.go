@@ -271,6 +271,8 @@ func payloadTooLarge(n int, max int64) error {
 func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, expectResponse bool) (Receipt, error) {
 	p := c.opts.retry
 	b := p.backoff()
+	var unplaced time.Time // since when no live node hosts the kind
+	placing := false
 	for attempt := 1; ; attempt++ {
 		node, err := c.cfg.Resolver.Resolve(ctx, d.To)
 		if err == nil {
@@ -289,7 +291,21 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 		if c.closing.Load() {
 			return Receipt{ID: d.ID, Node: node, Attempts: attempt}, errors.Join(verdict.ErrClosing, err)
 		}
-		if serr := c.sleep(ctx, deadline, b.NextBackOff()); serr != nil {
+		wait := b.NextBackOff()
+		if errors.Is(err, verdict.ErrNoPlacement) {
+			// Nothing was sent: a node hosting the kind may join, but a
+			// typo in a kind must not cost the whole ladder.
+			now := c.opts.clock.Now()
+			if !placing {
+				unplaced, placing = now, true
+			}
+			left := c.opts.placementWait - now.Sub(unplaced)
+			if left <= 0 {
+				return Receipt{ID: d.ID, Attempts: attempt}, err
+			}
+			wait = min(wait, left)
+		}
+		if serr := c.sleep(ctx, deadline, wait); serr != nil {
 			if c.closing.Load() {
 				return Receipt{ID: d.ID, Attempts: attempt}, errors.Join(verdict.ErrClosing, err)
 			}

@@ -63,6 +63,7 @@ type options struct {
 	saturationThreshold int
 	legTimeout          time.Duration
 	requestTimeout      time.Duration
+	placementWait       time.Duration
 	retry               RetryPolicy
 	clock               Clock
 	logger              *slog.Logger
@@ -78,6 +79,9 @@ const (
 	// DefaultRequestTimeout bounds Request (acceptance plus response) and
 	// Deliver when ctx has no deadline.
 	DefaultRequestTimeout = 30 * time.Second
+	// DefaultPlacementWait is how long a delivery whose kind no live node
+	// hosts is retried before it fails Unavailable (verdict.ErrNoPlacement).
+	DefaultPlacementWait = time.Second
 )
 
 func defaultOptions() options {
@@ -86,6 +90,7 @@ func defaultOptions() options {
 		saturationThreshold: DefaultSaturationThreshold,
 		legTimeout:          DefaultLegTimeout,
 		requestTimeout:      DefaultRequestTimeout,
+		placementWait:       DefaultPlacementWait,
 		retry:               DefaultRetryPolicy,
 		clock:               SystemClock{},
 		logger:              slog.Default(),
@@ -136,6 +141,22 @@ func WithRequestTimeout(d time.Duration) Option {
 			return fmt.Errorf("%w: request timeout %v", ErrInvalidConfig, d)
 		}
 		o.requestTimeout = d
+		return nil
+	}
+}
+
+// WithPlacementWait bounds how long a delivery to an address whose kind no
+// live node hosts keeps being retried (default 1 s) before it fails with
+// verdict.ErrNoPlacement (Unavailable, resendable: nothing was sent). A node
+// hosting the kind that joins meanwhile gets the delivery. It is shorter
+// than the retry ladder so that a typo in a kind answers within about a
+// second; 0 fails at the first attempt.
+func WithPlacementWait(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return fmt.Errorf("%w: placement wait %v", ErrInvalidConfig, d)
+		}
+		o.placementWait = d
 		return nil
 	}
 }

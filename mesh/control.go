@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -50,6 +51,7 @@ type NodeStatus struct {
 	Generation uint64      `json:"generation"`
 	Prefix     string      `json:"prefix"`
 	Version    string      `json:"version"`
+	Build      string      `json:"build,omitempty"` // the binary's module version and VCS revision (build info)
 	Started    time.Time   `json:"started"`
 	Kinds      []string    `json:"kinds"`
 	Draining   bool        `json:"draining"`
@@ -100,7 +102,7 @@ func (n *Node) Status() NodeStatus {
 	}
 	return NodeStatus{
 		Node: n.ID().String(), Name: n.cfg.Name, Generation: n.ID().Generation,
-		Prefix: string(n.prefix), Version: Version, Started: n.started, Kinds: kinds,
+		Prefix: string(n.prefix), Version: Version, Build: buildinfo.Read().Short(), Started: n.started, Kinds: kinds,
 		Draining: n.draining.Load(), Host: hs, Client: n.Client.Stats(),
 		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(),
 		Membership: n.membershipStatus(),

@@ -18,9 +18,13 @@ import (
 
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/natsmesh/natsmesh/daemon"
 	"github.com/natsmesh/natsmesh/hubs"
+	"github.com/natsmesh/natsmesh/internal/buildinfo"
+	"github.com/natsmesh/natsmesh/internal/envflag"
+	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -34,17 +38,9 @@ type options struct {
 	name, prefix, hubs, natsURL, listen, dataDir        string
 	creds, nkey, user, password, tlsCert, tlsKey, tlsCA string
 	http, logFormat, logLevel                           string
-	drainTimeout, heartbeat, ttl                        time.Duration
+	drainTimeout, heartbeat, ttl, placementWait         time.Duration
 	standalone                                          bool
 	kvReplicas                                          int
-}
-
-// env returns the environment variable's value, or def.
-func env(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok {
-		return v
-	}
-	return def
 }
 
 // defaultName is the host name, cut to a valid node name.
@@ -85,13 +81,18 @@ SIGTERM or SIGINT drains: new deliveries are refused ShuttingDown, accepted
 ones are settled, then the NATS connection drains; --drain-timeout bounds
 it. A second signal exits at once.
 
-Every flag can also be set by the environment variable in its help text.
+Every flag can also be set by the environment variable in its help text
+(MESHD_ and the flag's name in capitals, e.g. MESHD_DRAIN_TIMEOUT=10s); the
+command line wins. A value the flag would reject is an error naming the
+variable: durations need a unit (10s, not 10), booleans are true or false.
 
 Exit codes: 0 after a clean drain; 1 bad usage or configuration (unknown
-flag, invalid name, address or duration, unknown hub kind); 2 the node could
+flag, invalid name, address or duration, invalid environment value, unknown
+hub kind); 2 the node could
 not start (port in use, NATS unreachable, no JetStream for the membership),
 its drain was cut short by --drain-timeout, or a newer incarnation of its name
 took over; 130 a second signal during the drain.`,
+		Version:       buildinfo.Read().String(),
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -100,32 +101,39 @@ took over; 130 a second signal during the drain.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.name, "name", env("MESHD_NAME", defaultName()), "node name, [A-Za-z0-9_-]{1,64} (MESHD_NAME)")
-	f.StringVar(&o.prefix, "prefix", env("MESHD_PREFIX", string(subjects.DefaultPrefix)), "subject prefix (MESHD_PREFIX)")
-	f.StringVar(&o.hubs, "hubs", env("MESHD_HUBS", strings.Join(hubs.Names(), ",")), "comma-separated hub kinds to host (MESHD_HUBS)")
-	f.StringVar(&o.natsURL, "nats-url", env("MESHD_NATS_URL", ""), "join this external NATS cluster instead of running an embedded server; comma-separated URLs (MESHD_NATS_URL)")
-	f.StringVar(&o.listen, "listen", env("MESHD_LISTEN", daemon.DefaultListen), "embedded NATS server client address (MESHD_LISTEN)")
-	f.StringVar(&o.dataDir, "data-dir", env("MESHD_DATA_DIR", daemon.DefaultDataDir), "embedded NATS server JetStream directory (MESHD_DATA_DIR)")
-	f.StringVar(&o.creds, "creds", env("MESHD_CREDS", ""), "NATS credentials file (MESHD_CREDS)")
-	f.StringVar(&o.nkey, "nkey", env("MESHD_NKEY", ""), "NATS nkey seed file (MESHD_NKEY)")
-	f.StringVar(&o.user, "user", env("MESHD_USER", ""), "NATS user (MESHD_USER)")
-	f.StringVar(&o.password, "password", env("MESHD_PASSWORD", ""), "NATS password (MESHD_PASSWORD)")
-	f.StringVar(&o.tlsCert, "tls-cert", env("MESHD_TLS_CERT", ""), "TLS client certificate file (MESHD_TLS_CERT)")
-	f.StringVar(&o.tlsKey, "tls-key", env("MESHD_TLS_KEY", ""), "TLS client key file (MESHD_TLS_KEY)")
-	f.StringVar(&o.tlsCA, "tls-ca", env("MESHD_TLS_CA", ""), "TLS CA file to verify the NATS servers (MESHD_TLS_CA)")
-	f.StringVar(&o.http, "http", env("MESHD_HTTP", "127.0.0.1:7070"), "address of /metrics, /healthz, /readyz; empty disables (MESHD_HTTP)")
-	f.DurationVar(&o.drainTimeout, "drain-timeout", daemon.DefaultDrainTimeout, "bound on the drain at shutdown (MESHD_DRAIN_TIMEOUT)")
-	f.BoolVar(&o.standalone, "standalone", env("MESHD_STANDALONE", "") == "true", "a one-node mesh without the membership registry and directory (MESHD_STANDALONE=true)")
-	f.IntVar(&o.kvReplicas, "kv-replicas", 1, "replicas of the registry and directory KV buckets, used by the node that creates them; 3 on a 3-server cluster (MESHD_KV_REPLICAS)")
-	f.DurationVar(&o.heartbeat, "heartbeat", membership.DefaultHeartbeat, "registry heartbeat; 0 means the default (MESHD_HEARTBEAT)")
-	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default (MESHD_TTL)")
-	f.StringVar(&o.logFormat, "log-format", env("MESHD_LOG_FORMAT", "auto"), "auto (text on a terminal, else JSON), text or json (MESHD_LOG_FORMAT)")
-	f.StringVar(&o.logLevel, "log-level", env("MESHD_LOG_LEVEL", "info"), "debug, info, warn or error (MESHD_LOG_LEVEL)")
-	for flag, key := range map[string]string{"drain-timeout": "MESHD_DRAIN_TIMEOUT", "kv-replicas": "MESHD_KV_REPLICAS", "heartbeat": "MESHD_HEARTBEAT", "ttl": "MESHD_TTL"} {
-		if v, ok := os.LookupEnv(key); ok {
-			_ = f.Set(flag, v)
+	f.StringVar(&o.name, "name", defaultName(), "node name, [A-Za-z0-9_-]{1,64}; the default is the host name")
+	f.StringVar(&o.prefix, "prefix", string(subjects.DefaultPrefix), "subject prefix")
+	f.StringVar(&o.hubs, "hubs", strings.Join(hubs.Names(), ","), "comma-separated hub kinds to host")
+	f.StringVar(&o.natsURL, "nats-url", "", "join this external NATS cluster instead of running an embedded server; comma-separated URLs")
+	f.StringVar(&o.listen, "listen", daemon.DefaultListen, "embedded NATS server client address")
+	f.StringVar(&o.dataDir, "data-dir", daemon.DefaultDataDir, "embedded NATS server JetStream directory")
+	f.StringVar(&o.creds, "creds", "", "NATS credentials file")
+	f.StringVar(&o.nkey, "nkey", "", "NATS nkey seed file")
+	f.StringVar(&o.user, "user", "", "NATS user")
+	f.StringVar(&o.password, "password", "", "NATS password")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "TLS client certificate file")
+	f.StringVar(&o.tlsKey, "tls-key", "", "TLS client key file")
+	f.StringVar(&o.tlsCA, "tls-ca", "", "TLS CA file to verify the NATS servers")
+	f.StringVar(&o.http, "http", "127.0.0.1:7070", "address of /metrics, /healthz, /readyz; empty disables")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", daemon.DefaultDrainTimeout, "bound on the drain at shutdown")
+	f.BoolVar(&o.standalone, "standalone", false, "a one-node mesh without the membership registry and directory (no JetStream needed)")
+	f.IntVar(&o.kvReplicas, "kv-replicas", 1, "replicas of the registry and directory KV buckets, used by the node that creates them; 3 on a 3-server cluster")
+	f.DurationVar(&o.heartbeat, "heartbeat", membership.DefaultHeartbeat, "registry heartbeat; 0 means the default")
+	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
+	f.DurationVar(&o.placementWait, "placement-wait", mesh.DefaultPlacementWait, "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement)")
+	f.StringVar(&o.logFormat, "log-format", "auto", "auto (text on a terminal, else JSON), text or json")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	env := envflag.New(f)
+	f.VisitAll(func(fl *pflag.Flag) {
+		env.Bind(fl.Name, "MESHD_"+strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_")))
+	})
+	cmd.PreRunE = func(*cobra.Command, []string) error {
+		if err := env.Apply(nil); err != nil {
+			return usageError{err}
 		}
+		return nil
 	}
+	cmd.SetVersionTemplate("meshd {{.Version}}\n")
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -154,6 +162,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 		TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSCA: o.tlsCA,
 		HTTP: o.http, DrainTimeout: o.drainTimeout, Logger: logger,
 		Standalone: o.standalone, KVReplicas: o.kvReplicas, Heartbeat: o.heartbeat, TTL: o.ttl,
+		PlacementWait: o.placementWait,
 		Ready: func(info daemon.Info) {
 			if info.Embedded {
 				fmt.Fprintf(stdout, "meshd: node %s serving on embedded NATS at %s\n", info.Node, info.NATSURL)
@@ -226,12 +235,12 @@ func runWith(args []string, stdout, stderr io.Writer, sig <-chan os.Signal, read
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "meshd: %s\n", oneLine(err))
 	var ue usageError
 	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") {
-		fmt.Fprintln(stderr, "see meshd --help")
+		fmt.Fprintf(stderr, "meshd: %s (see meshd --help)\n", oneLine(err))
 		return 1
 	}
+	fmt.Fprintf(stderr, "meshd: %s\n", oneLine(err))
 	return 2
 }
 

@@ -4,6 +4,8 @@
 package natstest
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -33,6 +35,47 @@ func RunServer(t testing.TB, opts ...Option) *server.Server {
 		JetStream: true,
 		StoreDir:  t.TempDir(),
 	}
+	for _, opt := range opts {
+		opt(o)
+	}
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatalf("natstest: new server: %v", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		t.Fatalf("natstest: server not ready in 10s")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+// RunConfig starts an in-process nats-server from a server configuration
+// text (accounts, TLS, operator JWTs, ...) as RunServer does: it listens on
+// a random loopback port unless conf says otherwise, with logging and
+// signal handling off, and shuts it down when the test ends. conf may name
+// files the test wrote; a JetStream store_dir should be in t.TempDir().
+func RunConfig(t testing.TB, conf string, opts ...Option) *server.Server {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "nats-server.conf")
+	if err := os.WriteFile(f, []byte(conf), 0o600); err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	o, err := server.ProcessConfigFile(f)
+	if err != nil {
+		t.Fatalf("natstest: server config: %v", err)
+	}
+	if o.Host == "" {
+		o.Host = "127.0.0.1"
+	}
+	if o.Port == 0 {
+		o.Port = -1
+	}
+	o.NoLog, o.NoSigs = true, true
 	for _, opt := range opts {
 		opt(o)
 	}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/natsmesh/natsmesh/daemon"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+)
+
+// runMeshd runs meshd in-process with args and the environment env (other
+// MESHD_* variables unset) and returns its exit code and output.
+func runMeshd(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	withContainerEnv(t, env)
+	var out, errb bytes.Buffer
+	sig := make(chan os.Signal)
+	code := run(args, &out, &errb, sig)
+	return code, out.String(), errb.String()
+}
+
+// oneLineStartingWith fails unless s is exactly one line starting with prefix.
+func oneLineStartingWith(t *testing.T, s, prefix string) {
+	t.Helper()
+	if !strings.HasPrefix(s, prefix) || strings.Count(s, "\n") != 1 || !strings.HasSuffix(s, "\n") {
+		t.Errorf("stderr %q: want one line starting with %q", s, prefix)
+	}
+}
+
+// TestEnvRejectedLikeFlags: every environment value the flag's parser
+// rejects exits 1 with one line naming the variable — the same values a
+// trial found silently ignored — and the command line rejects it too.
+func TestEnvRejectedLikeFlags(t *testing.T) {
+	for _, tc := range []struct{ key, val string }{
+		{"MESHD_DRAIN_TIMEOUT", "10"}, {"MESHD_DRAIN_TIMEOUT", "bogus"}, {"MESHD_DRAIN_TIMEOUT", ""},
+		{"MESHD_KV_REPLICAS", "three"}, {"MESHD_TTL", "zz"}, {"MESHD_HEARTBEAT", "1"},
+		{"MESHD_STANDALONE", "yes"}, {"MESHD_STANDALONE", "on"}, {"MESHD_PLACEMENT_WAIT", "2"},
+	} {
+		code, _, stderr := runMeshd(t, map[string]string{tc.key: tc.val}, "--http=", "--listen=127.0.0.1:0")
+		if code != 1 {
+			t.Errorf("%s=%q: exit %d (stderr %q), want 1", tc.key, tc.val, code, stderr)
+			continue
+		}
+		oneLineStartingWith(t, stderr, "meshd: invalid "+tc.key+"=")
+		flag := "--" + strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(tc.key, "MESHD_")), "_", "-")
+		if code, _, _ := runMeshd(t, nil, flag+"="+tc.val, "--http=", "--listen=127.0.0.1:0"); code != 1 {
+			t.Errorf("%s=%q exits %d on the command line, want 1", flag, tc.val, code)
+		}
+	}
+}
+
+// TestEnvEveryFlag: every flag reads MESHD_<NAME>, through its own parser;
+// the command line wins.
+func TestEnvEveryFlag(t *testing.T) {
+	var cmd *cobra.Command
+	for _, b := range []struct{ flag, key, val, want string }{
+		{"drain-timeout", "MESHD_DRAIN_TIMEOUT", "10s", "10s"},
+		{"kv-replicas", "MESHD_KV_REPLICAS", "3", "3"},
+		{"standalone", "MESHD_STANDALONE", "true", "true"},
+		{"ttl", "MESHD_TTL", "1m", "1m0s"},
+		{"name", "MESHD_NAME", "n-7", "n-7"},
+		{"http", "MESHD_HTTP", "", ""},
+	} {
+		withContainerEnv(t, map[string]string{b.key: b.val})
+		cmd = newRootCmd(io.Discard, io.Discard, nil)
+		if err := cmd.ParseFlags(nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.PreRunE(cmd, nil); err != nil {
+			t.Fatalf("%s=%q: %v", b.key, b.val, err)
+		}
+		if got := cmd.Flags().Lookup(b.flag).Value.String(); got != b.want {
+			t.Errorf("%s=%q: --%s = %q, want %q", b.key, b.val, b.flag, got, b.want)
+		}
+	}
+	// The command line wins over the environment.
+	withContainerEnv(t, map[string]string{"MESHD_DRAIN_TIMEOUT": "bogus", "MESHD_NAME": "from-env"})
+	cmd = newRootCmd(io.Discard, io.Discard, nil)
+	if err := cmd.ParseFlags([]string{"--drain-timeout=5s", "--name=from-flag"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.PreRunE(cmd, nil); err != nil {
+		t.Fatalf("a bad environment value under a flag given on the command line: %v", err)
+	}
+	if got := cmd.Flags().Lookup("name").Value.String(); got != "from-flag" {
+		t.Errorf("--name = %q, want the command line's", got)
+	}
+	// Every flag but help names its variable in its usage.
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" || f.Name == "version" {
+			return
+		}
+		key := "MESHD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if !strings.Contains(f.Usage, "("+key+")") {
+			t.Errorf("--%s: usage %q does not name %s", f.Name, f.Usage, key)
+		}
+	})
+}
+
+// TestVersion: --version prints the module version from the build info.
+func TestVersion(t *testing.T) {
+	code, stdout, stderr := runMeshd(t, nil, "--version")
+	if code != 0 || !strings.HasPrefix(stdout, "meshd ") || strings.Count(stdout, "\n") != 1 || stderr != "" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+// TestNoJetStream: without JetStream on the server, or on the account, meshd
+// exits 2 at start with one line that says JetStream.
+func TestNoJetStream(t *testing.T) {
+	noJS := natstest.RunServer(t, natstest.WithoutJetStream())
+	dir := t.TempDir()
+	noJSAccount := natstest.RunConfig(t, fmt.Sprintf(`
+jetstream: {store_dir: %q}
+accounts: {
+  JS: {jetstream: enabled, users: [{user: js, password: js}]}
+  PLAIN: {users: [{user: plain, password: plain}]}
+}`, filepath.Join(dir, "js")))
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"server without JetStream", []string{"--nats-url", noJS.ClientURL()}},
+		{"account without JetStream", []string{"--nats-url", noJSAccount.ClientURL(), "--user", "plain", "--password", "plain"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			code, _, stderr := runMeshd(t, nil, append(tc.args, "--name", "n1", "--http=", "--log-level=error")...)
+			t.Logf("exit %d after %v: %s", code, time.Since(start).Round(time.Millisecond), stderr)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2; stderr %q", code, stderr)
+			}
+			oneLineStartingWith(t, stderr, "meshd: ")
+			if !strings.Contains(stderr, "JetStream") || !strings.Contains(stderr, "--standalone") {
+				t.Errorf("stderr %q does not say JetStream is missing and what to do", stderr)
+			}
+		})
+	}
+	// --standalone needs no JetStream.
+	withContainerEnv(t, nil)
+	sig := make(chan os.Signal, 1)
+	var out, errb bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runWith([]string{"--nats-url", noJS.ClientURL(), "--standalone", "--name", "n1", "--http=", "--log-level=error"}, &out, &errb, sig, func(daemon.Info) { sig <- os.Interrupt })
+	}()
+	if code := <-done; code != 0 {
+		t.Fatalf("--standalone without JetStream: exit %d, stderr %q", code, errb.String())
+	}
+}

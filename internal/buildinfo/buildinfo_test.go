@@ -1,0 +1,60 @@
+package buildinfo
+
+import (
+	"runtime/debug"
+	"testing"
+)
+
+func TestFromBuildInfo(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		bi        debug.BuildInfo
+		want      Info
+		str, shrt string
+	}{
+		{
+			name: "main module from a checkout",
+			bi: debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: ModulePath, Version: "(devel)"}, Settings: []debug.BuildSetting{
+				{Key: "vcs.revision", Value: "0123456789abcdef0123"}, {Key: "vcs.time", Value: "2026-12-01T08:00:00Z"}, {Key: "vcs.modified", Value: "true"},
+			}},
+			want: Info{Version: "(devel)", Revision: "0123456789abcdef0123", Time: "2026-12-01T08:00:00Z", Modified: true, GoVersion: "go1.26.0"},
+			str:  "(devel), revision 0123456789ab (modified), 2026-12-01T08:00:00Z, go1.26.0",
+			shrt: "(devel) 0123456789ab+dirty",
+		},
+		{
+			name: "dependency of another module",
+			bi: debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: "example.com/svc", Version: "(devel)"},
+				Deps:     []*debug.Module{{Path: "other/x", Version: "v1.0.0"}, {Path: ModulePath, Version: "v0.3.1"}},
+				Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "ffff"}}},
+			want: Info{Version: "v0.3.1", GoVersion: "go1.26.0"},
+			str:  "v0.3.1, go1.26.0", shrt: "v0.3.1",
+		},
+		{
+			name: "replaced dependency",
+			bi: debug.BuildInfo{Main: debug.Module{Path: "example.com/svc"},
+				Deps: []*debug.Module{{Path: ModulePath, Version: "v0.0.0", Replace: &debug.Module{Path: "../natsmesh"}}}},
+			want: Info{Version: "(devel)"},
+			str:  "(devel)", shrt: "(devel)",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := FromBuildInfo(&tc.bi)
+			if got != tc.want {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+			if s := got.String(); s != tc.str {
+				t.Errorf("String() = %q, want %q", s, tc.str)
+			}
+			if s := got.Short(); s != tc.shrt {
+				t.Errorf("Short() = %q, want %q", s, tc.shrt)
+			}
+		})
+	}
+}
+
+func TestReadInTest(t *testing.T) {
+	// A test binary's main module is natsmesh.
+	if got := Read(); got.Version == "" {
+		t.Fatalf("Read() = %+v", got)
+	}
+}
