@@ -73,8 +73,8 @@ func TestMeshdEmbedded(t *testing.T) {
 	if code != 1 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
 		t.Errorf("bad address: code %d, stderr %q", code, errOut)
 	}
-	// No node hosts the kind: after the retry ladder (a node may join),
-	// Unavailable.
+	// No node hosts the kind: after the placement wait (about a second;
+	// a node may join), Unavailable.
 	_, errOut, code = meshctl(t, url, "send", "nokind/x", "x")
 	if code != 3 || !strings.Contains(errOut, "no-placement") {
 		t.Errorf("unknown kind: code %d, stderr %q", code, errOut)
