@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,7 @@ import (
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/profiles"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -68,6 +70,20 @@ type Config struct {
 	// DataDir holds the embedded server's JetStream store; zero means
 	// DefaultDataDir.
 	DataDir string
+	// Auth secures the embedded server with the three permission profiles
+	// of package profiles (DESIGN §10): one nkey user each for nodes,
+	// callers and operators, their seeds generated once into AuthDir
+	// (EnsureAuthKeys); the node connects with the node seed. Without it
+	// any local client can forge answers, advisories and registry
+	// entries. Only for the embedded server: on an external cluster the
+	// operator configures the users (docs/operations.md) and the node
+	// connects with CredsFile, NKeyFile or User.
+	Auth bool
+	// AuthDir holds the generated seeds; zero means DataDir/auth.
+	AuthDir string
+	// InsecureListen lets the embedded server listen beyond loopback
+	// without Auth. Without it, Run refuses such a Listen address.
+	InsecureListen bool
 	// Credentials for an external cluster, passed to nats.go: a
 	// credentials file, an nkey seed file, or user and password.
 	CredsFile, NKeyFile, User, Password string
@@ -161,6 +177,15 @@ func (c *Config) validate() error {
 	if c.DataDir == "" {
 		c.DataDir = DefaultDataDir
 	}
+	if c.Auth && c.NATSURL != "" {
+		return fmt.Errorf("%w: auth secures the embedded server; on an external cluster connect with credentials (creds, nkey, user) of the node profile", ErrInvalidConfig)
+	}
+	if c.Auth && c.AuthDir == "" {
+		c.AuthDir = filepath.Join(c.DataDir, AuthDirName)
+	}
+	if c.NATSURL == "" && !c.Auth && !c.InsecureListen && !loopback(c.Listen) {
+		return fmt.Errorf("%w: refusing to listen on %s without auth: any client that reaches it could forge answers, advisories and registry entries (use --auth, or --insecure-listen to allow it)", ErrInvalidConfig, c.Listen)
+	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = DefaultDrainTimeout
 	}
@@ -249,7 +274,7 @@ func Run(ctx context.Context, cfg Config) error {
 	url := cfg.NATSURL
 	if url == "" {
 		var lock io.Closer
-		ns, lock, err = startEmbedded(cfg)
+		ns, lock, err = startEmbedded(&cfg)
 		if err != nil {
 			return err
 		}
@@ -262,7 +287,11 @@ func Run(ctx context.Context, cfg Config) error {
 		if cfg.AdvisorySubject == "" {
 			cfg.AdvisorySubject = AdvisorySubjectEmbedded
 		}
-		log.Info("embedded NATS server running", "url", url, "jetstream_dir", cfg.DataDir)
+		log.Info("embedded NATS server running", "url", url, "jetstream_dir", cfg.DataDir, "auth", cfg.Auth)
+		if cfg.Auth {
+			log.Info("auth on: nkey seeds of the permission profiles", "dir", cfg.AuthDir,
+				"node", NodeSeedFile, "client", ClientSeedFile, "operator", OperatorSeedFile)
+		}
 	}
 	nc, err := connect(cfg, url)
 	if err != nil {
@@ -411,7 +440,7 @@ func checkJetStream(ctx context.Context, nc *nats.Conn) error {
 
 // startEmbedded runs a nats-server in this process on cfg.Listen with
 // JetStream in cfg.DataDir.
-func startEmbedded(cfg Config) (*server.Server, io.Closer, error) {
+func startEmbedded(cfg *Config) (*server.Server, io.Closer, error) {
 	if _, _, err := net.SplitHostPort(cfg.Listen); err != nil {
 		return nil, nil, fmt.Errorf("%w: listen %q: %w", ErrInvalidConfig, cfg.Listen, err)
 	}
@@ -430,7 +459,18 @@ func startEmbedded(cfg Config) (*server.Server, io.Closer, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	opts, err := EmbeddedOptions(bound, cfg.DataDir, "meshd-"+cfg.Name)
+	var opts *server.Options
+	if cfg.Auth {
+		var keys AuthKeys
+		if keys, err = EnsureAuthKeys(cfg.AuthDir); err == nil {
+			opts, err = EmbeddedAuthOptions(bound, cfg.DataDir, "meshd-"+cfg.Name, cfg.Prefix, keys)
+			if cfg.NKeyFile == "" && cfg.CredsFile == "" && cfg.User == "" {
+				cfg.NKeyFile = keys.NodeSeed()
+			}
+		}
+	} else {
+		opts, err = EmbeddedOptions(bound, cfg.DataDir, "meshd-"+cfg.Name)
+	}
 	if err != nil {
 		lock.Close()
 		return nil, nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
@@ -454,6 +494,8 @@ func connect(cfg Config, url string) (*nats.Conn, error) {
 	log := cfg.Logger
 	opts := []nats.Option{
 		nats.Name(membership.ConnNamePrefix + cfg.Name),
+		// The node profile's inbox, which callers cannot read.
+		nats.CustomInboxPrefix(profiles.NodeInboxPrefix(cfg.Prefix)),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/natsmesh/natsmesh/profiles"
+	"github.com/natsmesh/natsmesh/subjects"
 )
 
 // Accounts of the embedded server.
@@ -39,11 +42,13 @@ const (
 // only MESH's disconnect advisory, and only to MESH; MESH imports it under
 // the same subject. The user "mesh" has no password: it exists for
 // no_auth_user, and the server listens on loopback by default.
-const embeddedAccountsConf = `
+const embeddedAccountsConf = embeddedPingConf + AccountsConf
+
+const embeddedPingConf = `
 ping_interval: "500ms"
 ping_max: 2
 
-` + AccountsConf
+`
 
 // AccountsConf is the account configuration natsmesh needs from a NATS
 // server, as docs/operations.md gives it to operators: the system account
@@ -91,6 +96,29 @@ no_auth_user: mesh
 // Without them the subscription is valid but silent, and departures are
 // detected by the registry heartbeat's TTL only (docs/operations.md).
 func EmbeddedOptions(listen, dataDir, serverName string) (*server.Options, error) {
+	return embeddedOptions(listen, dataDir, serverName, embeddedAccountsConf)
+}
+
+// EmbeddedAuthOptions is [EmbeddedOptions] with auth (meshd --auth): the
+// account MESH holds three nkey users, keys.Node, keys.Client and
+// keys.Operator, with the node, client and operator permission profiles of
+// package profiles for prefix; there is no no_auth_user, so a client
+// without one of the keys is refused. The text is profiles.AccountsConf, as
+// docs/operations.md gives it for an external cluster.
+func EmbeddedAuthOptions(listen, dataDir, serverName string, prefix subjects.Prefix, keys AuthKeys) (*server.Options, error) {
+	m := profiles.Mesh{Prefix: prefix, Account: EmbeddedAccount, SystemAccount: EmbeddedSystemAccount}
+	acc, err := profiles.AccountsConf(m, []profiles.User{
+		{NKey: keys.Node, Profile: profiles.Node(m)},
+		{NKey: keys.Client, Profile: profiles.Client(m)},
+		{NKey: keys.Operator, Profile: profiles.Operator(m)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return embeddedOptions(listen, dataDir, serverName, embeddedPingConf+acc)
+}
+
+func embeddedOptions(listen, dataDir, serverName, conf string) (*server.Options, error) {
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("%w: listen %q: %w", ErrInvalidConfig, listen, err)
@@ -109,7 +137,7 @@ func EmbeddedOptions(listen, dataDir, serverName string) (*server.Options, error
 		return nil, fmt.Errorf("%w: empty data dir", ErrInvalidConfig)
 	}
 	opts := &server.Options{}
-	if err := opts.ProcessConfigString(embeddedAccountsConf); err != nil {
+	if err := opts.ProcessConfigString(conf); err != nil {
 		// Warnings only (no errors) are not fatal, as in
 		// server.ProcessConfigFile.
 		var cerr interface{ Errors() []error }

@@ -39,7 +39,8 @@ type options struct {
 	creds, nkey, user, password, tlsCert, tlsKey, tlsCA string
 	http, logFormat, logLevel                           string
 	drainTimeout, heartbeat, ttl, placementWait         time.Duration
-	standalone                                          bool
+	standalone, auth, insecureListen                    bool
+	authDir                                             string
 	kvReplicas                                          int
 }
 
@@ -107,6 +108,9 @@ took over; 130 a second signal during the drain.`,
 	f.StringVar(&o.natsURL, "nats-url", "", "join this external NATS cluster instead of running an embedded server; comma-separated URLs")
 	f.StringVar(&o.listen, "listen", daemon.DefaultListen, "embedded NATS server client address")
 	f.StringVar(&o.dataDir, "data-dir", daemon.DefaultDataDir, "embedded NATS server JetStream directory")
+	f.BoolVar(&o.auth, "auth", false, "secure the embedded NATS server: nkey users for the node, client and operator permission profiles, seeds generated into --auth-dir; meshd connects as node (SECURITY.md)")
+	f.StringVar(&o.authDir, "auth-dir", "", "where --auth keeps the seeds node.nk, client.nk, operator.nk (mode 0600); empty means <data-dir>/auth")
+	f.BoolVar(&o.insecureListen, "insecure-listen", false, "let the embedded NATS server listen beyond loopback without --auth")
 	f.StringVar(&o.creds, "creds", "", "NATS credentials file")
 	f.StringVar(&o.nkey, "nkey", "", "NATS nkey seed file")
 	f.StringVar(&o.user, "user", "", "NATS user")
@@ -158,6 +162,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 	cfg := daemon.Config{
 		Name: o.name, Prefix: subjects.Prefix(o.prefix), Hubs: kinds,
 		NATSURL: o.natsURL, Listen: o.listen, DataDir: o.dataDir,
+		Auth: o.auth, AuthDir: o.authDir, InsecureListen: o.insecureListen,
 		CredsFile: o.creds, NKeyFile: o.nkey, User: o.user, Password: o.password,
 		TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSCA: o.tlsCA,
 		HTTP: o.http, DrainTimeout: o.drainTimeout, Logger: logger,

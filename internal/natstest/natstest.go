@@ -4,6 +4,8 @@
 package natstest
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -21,6 +23,22 @@ func WithoutJetStream() Option { return func(o *server.Options) { o.JetStream = 
 
 // WithMaxPayload sets the server's max_payload in bytes.
 func WithMaxPayload(n int32) Option { return func(o *server.Options) { o.MaxPayload = n } }
+
+// WithConfig applies nats-server configuration text (accounts, users,
+// permissions, in the server's own syntax, parsed by its own parser) over
+// the defaults; host, port and store stay RunServer's.
+func WithConfig(conf string) Option {
+	return func(o *server.Options) {
+		host, port, store := o.Host, o.Port, o.StoreDir
+		if err := o.ProcessConfigString(conf); err != nil {
+			var cerr interface{ Errors() []error }
+			if !errors.As(err, &cerr) || len(cerr.Errors()) > 0 {
+				panic(fmt.Sprintf("natstest: server config: %v", err))
+			}
+		}
+		o.Host, o.Port, o.StoreDir = host, port, store
+	}
+}
 
 // RunServer starts an in-process nats-server on 127.0.0.1 with a random port
 // and JetStream in t.TempDir(), waits until it accepts connections, and shuts

@@ -1,0 +1,150 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// meshd --auth: the seeds are generated 0600 in a 0700 directory and kept
+// across restarts; a client without a key is refused; the client seed
+// reaches the ingress and nothing else; the node serves with the node seed.
+func TestRunWithAuth(t *testing.T) {
+	dir := t.TempDir()
+	var first AuthKeys
+	for round := range 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		infoCh := make(chan Info, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- Run(ctx, Config{
+				Name: "authed", Listen: "127.0.0.1:0", DataDir: dir, Auth: true,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Ready:  func(i Info) { infoCh <- i },
+			})
+		}()
+		var info Info
+		select {
+		case info = <-infoCh:
+		case err := <-done:
+			t.Fatalf("run: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("node not ready")
+		}
+		keys, err := EnsureAuthKeys(filepath.Join(dir, AuthDirName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			first = keys
+		} else if keys != first {
+			t.Fatalf("keys changed across restarts: %+v then %+v", first, keys)
+		}
+		if st, err := os.Stat(keys.Dir); err != nil || st.Mode().Perm() != 0o700 {
+			t.Fatalf("auth dir mode: %v %v", st.Mode(), err)
+		}
+		for _, f := range []string{NodeSeedFile, ClientSeedFile, OperatorSeedFile} {
+			if st, err := os.Stat(filepath.Join(keys.Dir, f)); err != nil || st.Mode().Perm() != 0o600 {
+				t.Fatalf("%s mode: %v %v", f, st.Mode(), err)
+			}
+		}
+		url := info.NATSURL
+		if _, err := nats.Connect(url); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+			t.Fatalf("a client without a key connected: %v", err)
+		}
+		opt, err := nats.NkeyOptionFromSeed(filepath.Join(keys.Dir, ClientSeedFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		violations := make(chan error, 4)
+		cl := natstest.ConnectURL(t, url, opt, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+		m := &nats.Msg{Subject: subjects.DefaultPrefix.Ingress("echo/x", ""), Header: nats.Header{}, Data: []byte("hi")}
+		m.Header.Set(hub.HeaderID, "auth-1")
+		m.Header.Set(hub.HeaderExpectResponse, "true")
+		r, err := cl.RequestMsg(m, 10*time.Second)
+		if err != nil {
+			t.Fatalf("ingress as client: %v", err)
+		}
+		if _, verr := verdict.Decode(r.Header); verr != nil || string(r.Data) != "hi" {
+			t.Fatalf("ingress answer %q %v", r.Data, verr)
+		}
+		if err := cl.Publish("$KV.natsmesh_mesh_v1_nodes.authed", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-violations:
+			if !errors.Is(err, nats.ErrPermissionViolation) {
+				t.Fatalf("async error %v, want a permission violation", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a registry write by the client profile was not refused")
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("drain: %v", err)
+		}
+	}
+}
+
+func TestListenBeyondLoopbackNeedsAuth(t *testing.T) {
+	for _, tc := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{Config{Name: "n", Listen: "127.0.0.1:4222"}, true},
+		{Config{Name: "n", Listen: "[::1]:4222"}, true},
+		{Config{Name: "n", Listen: "localhost:4222"}, true},
+		{Config{Name: "n", Listen: "0.0.0.0:4222"}, false},
+		{Config{Name: "n", Listen: ":4222"}, false},
+		{Config{Name: "n", Listen: "10.1.2.3:4222"}, false},
+		{Config{Name: "n", Listen: "0.0.0.0:4222", Auth: true}, true},
+		{Config{Name: "n", Listen: "0.0.0.0:4222", InsecureListen: true}, true},
+		{Config{Name: "n", Listen: "0.0.0.0:4222", NATSURL: "nats://x:4222"}, true}, // no embedded server
+		{Config{Name: "n", NATSURL: "nats://x:4222", Auth: true}, false},
+	} {
+		err := tc.cfg.validate()
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrInvalidConfig)) {
+			t.Errorf("%+v: %v", tc.cfg, err)
+		}
+	}
+	err := (&Config{Name: "n", Listen: "0.0.0.0:4222"}).validate()
+	if err == nil || !strings.Contains(err.Error(), "refusing to listen on 0.0.0.0:4222 without auth") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+func TestAuthKeysRefuseLooseFiles(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := EnsureAuthKeys(dir); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, ClientSeedFile)
+	if err := os.Chmod(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsureAuthKeys(dir); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("a world-readable seed: %v", err)
+	}
+	if err := os.WriteFile(p, []byte("not a seed\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsureAuthKeys(dir); err == nil {
+		t.Fatal("a bad seed was accepted")
+	}
+}

@@ -1,0 +1,192 @@
+package profiles_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/profiles"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// secured is a real in-process server whose account MESH holds one nkey
+// user per profile, plus "open": a password user without permissions, as
+// every user of an account without the profiles is (today's default).
+type secured struct {
+	s    *server.Server
+	m    profiles.Mesh
+	keys map[string]nkeys.KeyPair
+}
+
+const openUser, openPassword = "open", "open-secret"
+
+func newSecured(t *testing.T, extra ...profiles.User) *secured {
+	t.Helper()
+	e := &secured{m: profiles.Mesh{}, keys: map[string]nkeys.KeyPair{}}
+	var users []profiles.User
+	for _, p := range profiles.All(e.m) {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		e.keys[p.Name] = kp
+		users = append(users, profiles.User{NKey: pub, Profile: p})
+	}
+	users = append(users, profiles.User{User: openUser, Password: openPassword, Profile: profiles.Permissions{
+		Name: "open (no profile)", Publish: []string{">"}, Subscribe: []string{">"},
+	}})
+	users = append(users, extra...)
+	conf, err := profiles.AccountsConf(e.m, users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.s = natstest.RunServer(t, natstest.WithConfig("ping_interval: \"500ms\"\nping_max: 2\n"+conf))
+	return e
+}
+
+// auth returns the connect option of a profile's user ("open" for the
+// password user).
+func (e *secured) auth(t *testing.T, profile string) nats.Option {
+	t.Helper()
+	if profile == openUser {
+		return nats.UserInfo(openUser, openPassword)
+	}
+	kp := e.keys[profile]
+	if kp == nil {
+		t.Fatalf("no user for profile %q", profile)
+	}
+	pub, _ := kp.PublicKey()
+	return nats.Nkey(pub, kp.Sign)
+}
+
+// conn connects as profile; an async error (a permission violation) fails
+// the test.
+func (e *secured) conn(t *testing.T, profile string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	return natstest.Connect(t, e.s, append([]nats.Option{e.auth(t, profile)}, opts...)...)
+}
+
+// attacker connects as profile and collects the asynchronous errors the
+// server sends (permission violations) instead of failing on them.
+type attacker struct {
+	nc   *nats.Conn
+	mu   sync.Mutex
+	errs []error
+}
+
+func (e *secured) attacker(t *testing.T, profile string, opts ...nats.Option) *attacker {
+	t.Helper()
+	a := &attacker{}
+	all := append([]nats.Option{e.auth(t, profile), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		a.mu.Lock()
+		a.errs = append(a.errs, err)
+		a.mu.Unlock()
+	})}, opts...)
+	nc, err := nats.Connect(e.s.ClientURL(), all...)
+	if err != nil {
+		t.Fatalf("attacker connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	a.nc = nc
+	return a
+}
+
+// refused waits until the server reported a permission violation naming
+// subject.
+func (a *attacker) refused(t *testing.T, subject string) {
+	t.Helper()
+	natstest.Eventually(t, 5*time.Second, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for _, err := range a.errs {
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), subject) {
+				return true
+			}
+		}
+		return false
+	}, "no permission violation for %q", subject)
+}
+
+// node starts a mesh node with membership on a node-profile connection
+// (or another profile's), hosting kind "echo" (responds with the payload)
+// and kind "rec" (counts handled deliveries).
+type testNode struct {
+	*mesh.Node
+	nc       *nats.Conn
+	drains   chan struct{}
+	fatal    chan error
+	lates    chan mesh.LateVerdict
+	events   chan membership.Event
+	handledN func(id string) int
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func (e *secured) node(t *testing.T, name, profile string, opts ...mesh.Option) *testNode {
+	t.Helper()
+	nc := e.conn(t, profile, nats.Name(membership.ConnNamePrefix+name), nats.CustomInboxPrefix(profiles.NodeInboxPrefix(e.m.Prefix)))
+	tn := &testNode{nc: nc, drains: make(chan struct{}, 8), fatal: make(chan error, 1), lates: make(chan mesh.LateVerdict, 64), events: make(chan membership.Event, 64)}
+	var mu sync.Mutex
+	count := map[string]int{}
+	tn.handledN = func(id string) int { mu.Lock(); defer mu.Unlock(); return count[id] }
+	opts = append([]mesh.Option{mesh.WithLateVerdicts(func(v mesh.LateVerdict) { tn.lates <- v })}, opts...)
+	n, err := mesh.NewNode(mesh.NodeConfig{
+		Conn: nc, Name: name, Logger: quiet(),
+		Membership:     &mesh.MembershipConfig{AdvisorySubject: e.m.AdvisorySubject()},
+		OnDrainRequest: func() { tn.drains <- struct{}{} },
+		OnMembershipEvent: func(ev membership.Event) {
+			select {
+			case tn.events <- ev:
+			default:
+			}
+		},
+		OnFatal: func(err error) {
+			select {
+			case tn.fatal <- err:
+			default:
+			}
+		},
+	}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn.Node = n
+	handler := func(_ context.Context, addr subjects.Address) (hub.Hub, error) {
+		return hub.HandlerFunc(func(_ context.Context, d *hub.Delivery) error {
+			mu.Lock()
+			count[d.ID]++
+			mu.Unlock()
+			return d.Respond(d.Payload)
+		}), nil
+	}
+	for _, k := range []string{"echo", "rec"} {
+		if err := n.Register(k, handler); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return tn
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

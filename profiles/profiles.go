@@ -1,0 +1,330 @@
+// Package profiles writes the three NATS permission profiles of a mesh
+// (DESIGN §10) once, as nats-server configuration: node, client and
+// operator. The embedded server of meshd applies them when auth is on
+// (package daemon), compose's servers and docs/operations.md carry the same
+// text, and the attack tests run against a real server configured from it.
+//
+//	profile   may publish                                   may subscribe
+//	node      <prefix>.>, the JetStream API of the mesh's   <prefix>.>, $SRV.>, the disconnect
+//	          two buckets, _INBOX.> and the node inbox      advisory, the node inbox
+//	client    <prefix>.in.>                                 its inbox (_INBOX.> by default)
+//	operator  <prefix>.ctl.>, <prefix>.in.>, $SRV.>,        its inbox
+//	          reads of the registry bucket
+//
+// Nodes connect with the node inbox prefix ([NodeInboxPrefix]), which no
+// other profile may subscribe to: the acceptance replies a node receives for
+// its deliveries (and what they carry) are visible to nodes only.
+//
+// Everything here is pure and safe for concurrent use.
+package profiles
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// Defaults of [Mesh].
+const (
+	DefaultAccount       = "MESH"
+	DefaultSystemAccount = "SYS"
+	// DefaultInbox is the inbox prefix of nats.go and the nats CLI, which
+	// the client and operator profiles may subscribe under.
+	DefaultInbox = "_INBOX"
+)
+
+// Mesh names what the profiles are written for. The zero value is the
+// default mesh: prefix subjects.DefaultPrefix in account MESH, whose
+// disconnect advisory is imported as $SYS.ACCOUNT.MESH.DISCONNECT.
+type Mesh struct {
+	// Prefix is the mesh's subject prefix; zero means
+	// subjects.DefaultPrefix.
+	Prefix subjects.Prefix
+	// Account is the application account the mesh's users live in; zero
+	// means DefaultAccount.
+	Account string
+	// SystemAccount exports the disconnect advisory; zero means
+	// DefaultSystemAccount.
+	SystemAccount string
+	// ClientInbox is the inbox prefix the client profile may subscribe
+	// under (Inbox + ".>"); zero means DefaultInbox. Every user of one
+	// client inbox prefix can read the others' replies: give each client
+	// user its own (say "_INBOX.alice", with nats.CustomInboxPrefix or the
+	// nats CLI's --inbox-prefix) to keep callers apart.
+	ClientInbox string
+	// OperatorInbox is the operator profile's inbox prefix; zero means
+	// DefaultInbox.
+	OperatorInbox string
+}
+
+func (m Mesh) withDefaults() Mesh {
+	if m.Prefix == "" {
+		m.Prefix = subjects.DefaultPrefix
+	}
+	if m.Account == "" {
+		m.Account = DefaultAccount
+	}
+	if m.SystemAccount == "" {
+		m.SystemAccount = DefaultSystemAccount
+	}
+	if m.ClientInbox == "" {
+		m.ClientInbox = DefaultInbox
+	}
+	if m.OperatorInbox == "" {
+		m.OperatorInbox = DefaultInbox
+	}
+	return m
+}
+
+// Validate reports why m cannot be rendered: an invalid prefix, or an
+// account or inbox name that is not one plain subject token sequence.
+func (m Mesh) Validate() error {
+	m = m.withDefaults()
+	if err := m.Prefix.Validate(); err != nil {
+		return fmt.Errorf("profiles: %w", err)
+	}
+	for _, a := range []string{m.Account, m.SystemAccount} {
+		if !plain(a, false) {
+			return fmt.Errorf("profiles: account %q: want [A-Za-z0-9_-]", a)
+		}
+	}
+	for _, in := range []string{m.ClientInbox, m.OperatorInbox} {
+		if !plain(in, true) {
+			return fmt.Errorf("profiles: inbox prefix %q: want dot-separated [A-Za-z0-9_-] tokens", in)
+		}
+		if in == NodeInboxPrefix(m.Prefix) || strings.HasPrefix(in, NodeInboxPrefix(m.Prefix)+".") {
+			return fmt.Errorf("profiles: inbox prefix %q is the nodes' own", in)
+		}
+	}
+	return nil
+}
+
+// plain reports whether s is non-empty [A-Za-z0-9_-] (and, with dots,
+// dot-separated non-empty tokens of it).
+func plain(s string, dots bool) bool {
+	if s == "" {
+		return false
+	}
+	for tok := range strings.SplitSeq(s, ".") {
+		if tok == "" || (!dots && tok != s) {
+			return false
+		}
+		for i := 0; i < len(tok); i++ {
+			c := tok[i]
+			if !(c == '-' || c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// NodeInboxPrefix is the inbox prefix mesh nodes of prefix p connect with
+// (nats.CustomInboxPrefix): "_INBOX_" followed by p with dots as
+// underscores, e.g. "_INBOX_mesh_v1". Only the node profile may subscribe
+// under it.
+func NodeInboxPrefix(p subjects.Prefix) string {
+	if p == "" {
+		p = subjects.DefaultPrefix
+	}
+	return "_INBOX_" + strings.ReplaceAll(string(p), ".", "_")
+}
+
+// AdvisorySubject is the client-disconnect advisory of m's account as its
+// nodes subscribe to it (the import keeps the subject).
+func (m Mesh) AdvisorySubject() string {
+	m = m.withDefaults()
+	return "$SYS.ACCOUNT." + m.Account + ".DISCONNECT"
+}
+
+// Permissions is one profile: the subjects a user may publish and subscribe
+// to. Nothing else is allowed.
+type Permissions struct {
+	Name      string
+	Publish   []string
+	Subscribe []string
+}
+
+// kvWrite is what a node needs of a KV bucket: bind, create, read
+// (direct and by sequence), watch (ordered push consumers and their flow
+// control), write and purge.
+func kvWrite(bucket string) []string {
+	s := "KV_" + bucket
+	return []string{
+		"$JS.API.STREAM.*." + s,          // INFO, CREATE, UPDATE, PURGE
+		"$JS.API.STREAM.MSG.*." + s,      // MSG.GET
+		"$JS.API.DIRECT.GET." + s,        // direct get by sequence
+		"$JS.API.DIRECT.GET." + s + ".>", // direct get, last by subject
+		"$JS.API.CONSUMER.*." + s,        // watchers: legacy create
+		"$JS.API.CONSUMER.*." + s + ".>", // watchers: create, info, delete
+		"$JS.FC." + s + ".>",             // watchers' flow control replies
+		"$KV." + bucket + ".>",           // puts, creates, updates, deletes
+	}
+}
+
+// kvRead is a read of a KV bucket: bind it and get keys. It creates no
+// consumer: a push consumer delivers to any subject its creator names,
+// which would let a reader make the server publish where the reader may
+// not.
+func kvRead(bucket string) []string {
+	s := "KV_" + bucket
+	return []string{
+		"$JS.API.STREAM.INFO." + s,
+		"$JS.API.STREAM.MSG.GET." + s,
+		"$JS.API.DIRECT.GET." + s,
+		"$JS.API.DIRECT.GET." + s + ".>",
+	}
+}
+
+// Node is the profile of mesh nodes (meshd, services that embed a node):
+// the whole <prefix>.> subject space, the JetStream API of the registry and
+// directory buckets, the micro service endpoints ($SRV.>), the disconnect
+// advisory, replies to outside callers (_INBOX.>) and to other nodes (the
+// node inbox).
+func Node(m Mesh) Permissions {
+	m = m.withDefaults()
+	p := string(m.Prefix)
+	pub := []string{p + ".>", "$JS.API.INFO"}
+	pub = append(pub, kvWrite(membership.BucketName(m.Prefix))...)
+	pub = append(pub, kvWrite(directory.BucketName(m.Prefix))...)
+	pub = append(pub, "$SRV.>", m.ClientInbox+".>", NodeInboxPrefix(m.Prefix)+".>")
+	if m.OperatorInbox != m.ClientInbox {
+		pub = append(pub, m.OperatorInbox+".>")
+	}
+	sub := []string{p + ".>", "$SRV.>", m.AdvisorySubject(), NodeInboxPrefix(m.Prefix) + ".>"}
+	return Permissions{Name: "node", Publish: pub, Subscribe: sub}
+}
+
+// Client is the profile of callers through the ingress (nats req, other
+// languages): publish <prefix>.in.>, subscribe to its inbox.
+func Client(m Mesh) Permissions {
+	m = m.withDefaults()
+	return Permissions{
+		Name:      "client",
+		Publish:   []string{string(m.Prefix) + ".in.>"},
+		Subscribe: []string{m.ClientInbox + ".>"},
+	}
+}
+
+// Operator is the profile of meshctl: the nodes' control endpoints
+// (<prefix>.ctl.>, drain included), the micro service discovery ($SRV.>),
+// the ingress (meshctl send, request, bench through the ingress), and reads
+// of the registry bucket; it subscribes to its inbox. meshctl subscribe
+// joins the mesh as a node and needs the node profile.
+func Operator(m Mesh) Permissions {
+	m = m.withDefaults()
+	p := string(m.Prefix)
+	pub := []string{p + ".ctl.>", p + ".in.>", "$SRV.>"}
+	pub = append(pub, kvRead(membership.BucketName(m.Prefix))...)
+	return Permissions{Name: "operator", Publish: pub, Subscribe: []string{m.OperatorInbox + ".>"}}
+}
+
+// Conf renders p as the value of a nats-server user's permissions:
+//
+//	{publish: {allow: [...]}, subscribe: {allow: [...]}}
+func (p Permissions) Conf() string {
+	return "{\n" +
+		"  publish: {allow: " + list(p.Publish, "  ") + "}\n" +
+		"  subscribe: {allow: " + list(p.Subscribe, "  ") + "}\n" +
+		"}"
+}
+
+func list(subs []string, indent string) string {
+	var b strings.Builder
+	b.WriteString("[\n")
+	for _, s := range subs {
+		b.WriteString(indent + "  " + quote(s) + "\n")
+	}
+	b.WriteString(indent + "]")
+	return b.String()
+}
+
+// quote writes s as a double-quoted nats-server config string. The subjects
+// here never hold quotes or backslashes (validated prefixes and names).
+func quote(s string) string { return `"` + s + `"` }
+
+// User is one user of the application account with a profile. Exactly one
+// of NKey (a public user nkey, "U…"), or User with Password or PasswordVar
+// identifies it.
+type User struct {
+	NKey     string
+	User     string
+	Password string
+	// PasswordVar names a config variable or environment variable
+	// holding the password (rendered unquoted as $NAME, which nats-server
+	// resolves when it parses the file).
+	PasswordVar string
+	Profile     Permissions
+}
+
+func (u User) conf(indent string) (string, error) {
+	var id string
+	switch {
+	case u.NKey != "" && u.User == "":
+		if !strings.HasPrefix(u.NKey, "U") || !plain(u.NKey, false) {
+			return "", fmt.Errorf("profiles: %q is not a public user nkey", u.NKey)
+		}
+		id = "nkey: " + u.NKey
+	case u.User != "" && u.NKey == "" && (u.Password == "") != (u.PasswordVar == ""):
+		if !plain(u.User, false) {
+			return "", fmt.Errorf("profiles: user name %q: want [A-Za-z0-9_-]", u.User)
+		}
+		if u.PasswordVar != "" {
+			if !plain(u.PasswordVar, false) {
+				return "", fmt.Errorf("profiles: password variable %q: want [A-Za-z0-9_-]", u.PasswordVar)
+			}
+			id = "user: " + u.User + ", password: $" + u.PasswordVar
+		} else {
+			if strings.ContainsAny(u.Password, "\"\\\n") {
+				return "", fmt.Errorf("profiles: user %s: the password holds a quote, backslash or newline", u.User)
+			}
+			id = "user: " + u.User + ", password: " + quote(u.Password)
+		}
+	default:
+		return "", fmt.Errorf("profiles: a user needs an nkey, or a user name and a password")
+	}
+	perm := strings.ReplaceAll(u.Profile.Conf(), "\n", "\n"+indent)
+	return indent + "# " + u.Profile.Name + " profile\n" + indent + "{" + id + ", permissions: " + perm + "}", nil
+}
+
+// AccountsConf renders the accounts section a NATS server needs for a
+// secured mesh: the system account exports the disconnect advisory of the
+// application account to it only; the application account has JetStream,
+// imports the advisory under the same subject, and holds users, each with
+// its profile. There is no no_auth_user: a client without credentials is
+// refused. The same text goes on every server of a cluster.
+func AccountsConf(m Mesh, users []User) (string, error) {
+	if err := m.Validate(); err != nil {
+		return "", err
+	}
+	if len(users) == 0 {
+		return "", fmt.Errorf("profiles: no users")
+	}
+	m = m.withDefaults()
+	adv := quote(m.AdvisorySubject())
+	var us []string
+	for _, u := range users {
+		s, err := u.conf("      ")
+		if err != nil {
+			return "", err
+		}
+		us = append(us, s)
+	}
+	return "accounts {\n" +
+		"  " + m.SystemAccount + " {\n" +
+		"    exports: [{stream: " + adv + ", accounts: [" + m.Account + "]}]\n" +
+		"  }\n" +
+		"  " + m.Account + " {\n" +
+		"    jetstream: enabled\n" +
+		"    imports: [{stream: {account: " + m.SystemAccount + ", subject: " + adv + "}}]\n" +
+		"    users: [\n" + strings.Join(us, "\n") + "\n    ]\n" +
+		"  }\n" +
+		"}\n" +
+		"system_account: " + m.SystemAccount + "\n", nil
+}
+
+// All returns the three profiles of m: node, client, operator.
+func All(m Mesh) []Permissions { return []Permissions{Node(m), Client(m), Operator(m)} }
