@@ -100,13 +100,23 @@ type Config struct {
 	// buckets (default 1; use 3 on a 3-server cluster).
 	KVReplicas int
 	// Heartbeat and TTL tune departure detection by the registry (defaults
-	// 1 s and 3 s); the disconnect advisory is faster where the account
-	// configuration provides it (docs/operations.md).
+	// membership.DefaultHeartbeat and membership.DefaultTTL, 1 s and 8 s);
+	// the disconnect advisory is faster where the account configuration
+	// provides it (docs/operations.md).
 	Heartbeat, TTL time.Duration
 	// PlacementWait bounds how long a delivery to a kind no live node
 	// hosts is retried (mesh.WithPlacementWait); zero means
 	// mesh.DefaultPlacementWait.
 	PlacementWait time.Duration
+	// FencingDelay is how long survivors wait after a departure before
+	// taking its addresses over; zero means
+	// membership.DefaultFencingDelay.
+	FencingDelay time.Duration
+	// Replace lets this node supersede a live, still-heartbeating
+	// generation of its name (meshd --replace). Without it a second
+	// process with a live name fails at start, before writing to the
+	// registry, with an error matching membership.ErrNameInUse.
+	Replace bool
 	// AdvisorySubject overrides where disconnect advisories are read;
 	// zero means the default for the embedded server or
 	// membership.DefaultAdvisorySubject.
@@ -158,8 +168,8 @@ func (c *Config) validate() error {
 			return fmt.Errorf("%w: http: %w", ErrInvalidConfig, err)
 		}
 	}
-	if c.DrainTimeout < 0 || c.Heartbeat < 0 || c.TTL < 0 || c.KVReplicas < 0 || c.PlacementWait < 0 {
-		return fmt.Errorf("%w: negative drain timeout, heartbeat, TTL, placement wait or KV replicas", ErrInvalidConfig)
+	if c.DrainTimeout < 0 || c.Heartbeat < 0 || c.TTL < 0 || c.KVReplicas < 0 || c.PlacementWait < 0 || c.FencingDelay < 0 {
+		return fmt.Errorf("%w: negative drain timeout, heartbeat, TTL, fencing delay, placement wait or KV replicas", ErrInvalidConfig)
 	}
 	if c.PlacementWait == 0 {
 		c.PlacementWait = mesh.DefaultPlacementWait
@@ -326,7 +336,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if !cfg.Standalone {
 		ncfg.Membership = &mesh.MembershipConfig{
-			Heartbeat: cfg.Heartbeat, TTL: cfg.TTL, Replicas: cfg.KVReplicas, AdvisorySubject: cfg.AdvisorySubject,
+			Heartbeat: cfg.Heartbeat, TTL: cfg.TTL, FencingDelay: cfg.FencingDelay, Replicas: cfg.KVReplicas,
+			AdvisorySubject: cfg.AdvisorySubject, Replace: cfg.Replace,
 		}
 	}
 	node, err := mesh.NewNode(ncfg, mesh.WithPlacementWait(cfg.PlacementWait))
@@ -338,7 +349,21 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
+	// Bind every port before joining (a node that cannot serve must not
+	// announce itself, nor supersede anything).
+	var httpLn net.Listener
+	if cfg.HTTP != "" {
+		httpLn, err = net.Listen("tcp", cfg.HTTP)
+		if err != nil {
+			return fmt.Errorf("daemon: http: %w", err)
+		}
+		defer httpLn.Close()
+		info.HTTPAddr = httpLn.Addr().String()
+	}
 	if err := node.Start(); err != nil {
+		if errors.Is(err, membership.ErrNameInUse) {
+			return fmt.Errorf("daemon: %w", err)
+		}
 		if !cfg.Standalone && (errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)) {
 			return fmt.Errorf("daemon: start node: %w (the membership needs JetStream on the NATS account; or run standalone)", err)
 		}
@@ -348,13 +373,8 @@ func Run(ctx context.Context, cfg Config) error {
 
 	var ready atomic.Bool
 	var httpSrv *http.Server
-	if cfg.HTTP != "" {
-		ln, err := net.Listen("tcp", cfg.HTTP)
-		if err != nil {
-			_ = node.Close()
-			return fmt.Errorf("daemon: http: %w", err)
-		}
-		info.HTTPAddr = ln.Addr().String()
+	if httpLn != nil {
+		ln := httpLn
 		httpSrv = &http.Server{Handler: handler(node, nc, &ready, met), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -497,7 +517,10 @@ func connect(cfg Config, url string) (*nats.Conn, error) {
 		// The node profile's inbox, which callers cannot read.
 		nats.CustomInboxPrefix(profiles.NodeInboxPrefix(cfg.Prefix)),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectWait(membership.ClientReconnectWait),
+		// A silently cut link is noticed within the fencing delay.
+		nats.PingInterval(membership.ClientPingInterval),
+		nats.MaxPingsOutstanding(membership.ClientMaxPingsOut),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("NATS disconnected", "err", err)

@@ -2,8 +2,12 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/membership"
@@ -28,19 +32,66 @@ func (r nodeResolver) Invalidate(addr subjects.Address, node subjects.NodeID) {
 	}
 }
 
-// join registers a new generation, opens the directory and starts a host
-// for it.
-func (n *Node) join(ctx context.Context) (*incarnation, error) {
+// join starts a new generation: it subscribes the generation's delivery
+// subject (join order: before the generation is announced, so a sender that
+// reads it from the registry never meets no responders), registers it,
+// opens the directory, and then lets the host serve.
+func (n *Node) join(ctx context.Context, rejoin bool) (*incarnation, error) {
 	mc := n.cfg.Membership
+	inc := &incarnation{}
+	claims := &lateClaims{}
+	// The host exists before the membership does (join order): until
+	// Join returns it is fenced.
+	var mmu sync.Mutex
+	var members *membership.Membership
+	current := func() *membership.Membership {
+		mmu.Lock()
+		defer mmu.Unlock()
+		return members
+	}
+	fence := func() error {
+		if m := current(); m == nil || !m.Confirmed() {
+			return verdict.New(verdict.ReasonHubShuttingDown, "node %s is fenced: its registration is not confirmed", n.cfg.Name)
+		}
+		return nil
+	}
+	await := func(ctx context.Context) error {
+		for {
+			if m := current(); m != nil {
+				return m.WaitConfirmed(ctx)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
 	m, err := membership.Join(ctx, membership.Config{
 		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: n.kindNames(), Version: Version,
-		Heartbeat: mc.Heartbeat, TTL: mc.TTL, Replicas: mc.Replicas, AdvisorySubject: mc.AdvisorySubject,
+		Heartbeat: mc.Heartbeat, TTL: mc.TTL, FencingDelay: mc.FencingDelay, Replicas: mc.Replicas,
+		AdvisorySubject: mc.AdvisorySubject, Replace: mc.Replace || rejoin, // a rejoin replaces its own fenced generation
 		Logger: n.cfg.Logger,
+		BeforeAnnounce: func(id subjects.NodeID) (func(), error) {
+			h, err := n.newHost(id, claims, fence, await)
+			if err != nil {
+				return nil, err
+			}
+			if err := h.Start(); err != nil {
+				h.Close()
+				return nil, err
+			}
+			inc.id, inc.host = id, h
+			return func() { h.Close(); inc.host = nil }, nil
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mesh: join: %w", err)
 	}
-	inc := &incarnation{id: m.Self().Node, members: m}
+	mmu.Lock()
+	members = m
+	mmu.Unlock()
+	inc.members = m
 	dir, err := directory.Open(ctx, directory.Config{
 		Conn: n.conn, Members: m, Prefix: n.prefix, Replicas: mc.Replicas, VerifyInterval: mc.VerifyInterval,
 		Logger: n.cfg.Logger,
@@ -51,41 +102,63 @@ func (n *Node) join(ctx context.Context) (*incarnation, error) {
 		},
 	})
 	if err != nil {
+		inc.host.Close()
 		m.Close()
 		return nil, fmt.Errorf("mesh: directory: %w", err)
 	}
 	inc.dir = dir
-	fence := func() error {
-		if !m.Confirmed() {
-			return verdict.New(verdict.ReasonHubShuttingDown, "node %s is fenced: its registration is not confirmed", inc.id)
-		}
-		return nil
-	}
-	h, err := n.newHost(inc.id, dir, fence, m.WaitConfirmed)
-	if err != nil {
-		dir.Close()
-		m.Close()
-		return nil, err
-	}
-	inc.host = h
+	claims.set(dir)
 	inc.stopEv = m.OnEvent(func(e membership.Event) {
 		if e.Member.Node == inc.id {
 			return
 		}
-		if e.Type.Departed() {
+		switch {
+		case e.Type.Departed():
 			n.departures.Add(1)
 			n.Client.FailNode(e.Member.Node, e.Type.String())
+		case e.Type == membership.Moved:
+			n.Client.FailInFlight(e.Member.Node, fmt.Errorf("owner %s's connection moved (%s) with the leg in flight: %w", e.Member.Node, e.Reason, nats.ErrDisconnected))
 		}
 		if f := n.cfg.OnMembershipEvent; f != nil {
 			f(e)
 		}
 	})
-	if err := h.Start(); err != nil {
-		inc.close()
-		return nil, err
-	}
 	n.log.Info("joined the mesh", "generation", inc.id.String(), "members", len(m.Members()))
 	return inc, nil
+}
+
+// lateClaims is the host's claims seam before the directory is open (the
+// host subscribes before the generation is announced): until then nobody
+// has read the generation, and a claim fails resendable.
+type lateClaims struct {
+	mu  sync.RWMutex
+	dir *directory.Directory
+}
+
+func (c *lateClaims) set(d *directory.Directory) {
+	c.mu.Lock()
+	c.dir = d
+	c.mu.Unlock()
+}
+
+func (c *lateClaims) get() *directory.Directory {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.dir
+}
+
+func (c *lateClaims) Claim(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+	d := c.get()
+	if d == nil {
+		return subjects.NodeID{}, errors.New("directory not open yet")
+	}
+	return d.Claim(ctx, addr)
+}
+
+func (c *lateClaims) Release(addr subjects.Address) {
+	if d := c.get(); d != nil {
+		d.Release(addr)
+	}
 }
 
 // fencing waits for the current generation to lose its registration (it
@@ -114,7 +187,7 @@ func (n *Node) fencing() {
 		inc.close()
 		for n.ctx.Err() == nil {
 			ctx, cancel := context.WithTimeout(n.ctx, DefaultStartTimeout)
-			next, err := n.join(ctx)
+			next, err := n.join(ctx, true)
 			cancel()
 			if err == nil {
 				n.mu.Lock()

@@ -124,3 +124,24 @@ func (c *Client) failAllLegs(err error) {
 		return true
 	})
 }
+
+// FailInFlight fails every leg in flight to node with err, which must be
+// resendable (the leg is re-sent with the same delivery ID; the receiver
+// dedupes), without marking node departed: its connection moved (its server
+// shut down, lame duck) and what was in transit may be lost. Awaited
+// responses are left alone. Safe for concurrent use.
+func (c *Client) FailInFlight(node subjects.NodeID, err error) {
+	v, ok := c.legsByNode.Load(node)
+	if !ok {
+		return
+	}
+	nl := v.(*nodeLegs)
+	nl.mu.Lock()
+	legs := nl.legs
+	nl.legs = map[*legRef]struct{}{}
+	nl.mu.Unlock()
+	for ref := range legs {
+		ref.cause.Store(&err)
+		ref.cancel()
+	}
+}

@@ -72,12 +72,22 @@ type NodeConfig struct {
 // departed generation at once, and fences itself (serves nothing, then
 // rejoins with a fresh generation) when it was declared gone. Zero fields
 // take the defaults of packages membership and directory.
+//
+// The node's NATS connection should ping as membership.ClientPingInterval
+// and membership.ClientMaxPingsOut say, so that a silently cut link is
+// noticed within the fencing delay (docs/operations.md, "Membership
+// timing").
 type MembershipConfig struct {
-	Heartbeat       time.Duration // registry heartbeat (default 1 s)
-	TTL             time.Duration // a silent node is gone after this (default 3 s)
+	Heartbeat       time.Duration // registry heartbeat (default membership.DefaultHeartbeat, 1 s)
+	TTL             time.Duration // silence while the registry takes writes that declares a node gone (default membership.DefaultTTL, 8 s)
+	FencingDelay    time.Duration // wait after a departure before taking its addresses over (default membership.DefaultFencingDelay, 2 s)
 	Replicas        int           // KV replicas (default 1; 3 on a 3-server cluster)
 	AdvisorySubject string        // client-disconnect advisories (default membership.DefaultAdvisorySubject; "-" disables)
 	VerifyInterval  time.Duration // claim re-verification (default 2 s)
+	// Replace lets Start supersede a live, still-heartbeating generation
+	// of the node's name; without it Start fails with
+	// membership.ErrNameInUse before writing to the registry.
+	Replace bool
 }
 
 // Node is one mesh process: a hub host that receives deliveries for its node
@@ -292,7 +302,7 @@ func (n *Node) Start() error {
 	if n.cfg.Membership != nil {
 		ctx, cancel := context.WithTimeout(n.ctx, DefaultStartTimeout)
 		defer cancel()
-		inc, err := n.join(ctx)
+		inc, err := n.join(ctx, false)
 		if err != nil {
 			return err
 		}

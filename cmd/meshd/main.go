@@ -41,6 +41,7 @@ type options struct {
 	drainTimeout, heartbeat, ttl, placementWait         time.Duration
 	standalone, auth, insecureListen                    bool
 	authDir                                             string
+	replace                                             bool
 	kvReplicas                                          int
 }
 
@@ -125,6 +126,7 @@ took over; 130 a second signal during the drain.`,
 	f.DurationVar(&o.heartbeat, "heartbeat", membership.DefaultHeartbeat, "registry heartbeat; 0 means the default")
 	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
 	f.DurationVar(&o.placementWait, "placement-wait", mesh.DefaultPlacementWait, "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement)")
+	f.BoolVar(&o.replace, "replace", false, "take the name over from a live node of the same name (it stands down and exits); without it meshd exits at once if its name is live")
 	f.StringVar(&o.logFormat, "log-format", "auto", "auto (text on a terminal, else JSON), text or json")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	env := envflag.New(f)
@@ -168,6 +170,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 		HTTP: o.http, DrainTimeout: o.drainTimeout, Logger: logger,
 		Standalone: o.standalone, KVReplicas: o.kvReplicas, Heartbeat: o.heartbeat, TTL: o.ttl,
 		PlacementWait: o.placementWait,
+		Replace:       o.replace,
 		Ready: func(info daemon.Info) {
 			if info.Embedded {
 				fmt.Fprintf(stdout, "meshd: node %s serving on embedded NATS at %s\n", info.Node, info.NATSURL)

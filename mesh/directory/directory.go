@@ -161,8 +161,9 @@ func (d *Directory) read(ctx context.Context, addr subjects.Address) (Claim, uin
 }
 
 // Claim makes this node the owner of addr, or returns the live owner. A
-// claim naming a departed generation is replaced under a revision check
-// (hub.Claims).
+// claim naming a departed generation is replaced under a revision check,
+// but not before the fencing delay after that departure
+// (membership.TakeoverAt): Claim waits for it, within ctx (hub.Claims).
 func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
 	self := d.self()
 	b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
@@ -189,7 +190,18 @@ func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (subjects.
 			d.cache.Store(addr, c.Owner)
 			return c.Owner, nil
 		}
-		// The owner departed: take over under the revision check.
+		// The owner departed: take over once it had time to fence itself
+		// (the fencing delay), under the revision check.
+		if wait := time.Until(d.members.TakeoverAt(c.Owner)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return subjects.NodeID{}, fmt.Errorf("directory: claim %s: owner %s departed and is within its fencing delay: %w", addr, c.Owner, ctx.Err())
+			case <-t.C:
+			}
+			continue // read again: it may have been claimed meanwhile
+		}
 		nrev, err := d.kv.Update(ctx, key(addr), b, rev)
 		if err == nil {
 			d.own(addr, nrev)

@@ -1,11 +1,23 @@
 // Package membership keeps the mesh's node registry (DESIGN §6): each node
 // generation registers under its name in a JetStream KV bucket and refreshes
-// the entry with a heartbeat; the bucket's TTL expires a node that stops
-// beating. Every node watches the registry and the NATS server's
-// client-disconnect advisory and reports departures as events: a graceful
-// leave, a TTL expiry, a newer generation of the same name (superseded at
-// once), or the advisory for the node's connection (the fastest: a
-// millisecond or two after a SIGKILL).
+// the entry with a heartbeat. Every node watches the registry and the NATS
+// server's client-disconnect advisory and reports departures as events.
+//
+// A connection is not a generation. Proof that a generation is gone is one
+// of: its own leave (Left); a newer generation of its name (Superseded); a
+// disconnect advisory whose reason says the client side closed or went stale
+// (Disconnected: a crash closes the socket, a frozen or partitioned process
+// stops answering the server's pings); heartbeat silence past the TTL while
+// the registry was taking writes (Expired). A node's NATS server restarting,
+// its lame duck mode, a reconnect to another server or a JetStream leader
+// election prove nothing: an advisory with reason "Server Shutdown", or a
+// heartbeat from a new connection, is reported as Moved (not a departure):
+// what was in flight to that node may be lost in transit and is re-sent.
+//
+// Silence is measured on a registry clock that runs only while the registry
+// takes writes (this node's heartbeats succeed or other nodes' heartbeats
+// arrive): nothing is expired for silence while the registry had no leader.
+// The bucket's own MaxAge is only a backstop (BackstopFactor × TTL).
 //
 // Generations are strictly increasing per name: a node registers with
 // max(now in ns, the registered generation + 1), under a revision check.
@@ -30,10 +42,33 @@ import (
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
-// Defaults for zero Config fields.
+// Defaults for zero Config fields, and the connection settings a node's
+// NATS connection should use (see docs/operations.md, "Membership timing").
+//
+// The TTL outlasts a JetStream leader election (2.7–5.5 s measured on a
+// 3-server cluster) with two heartbeats to spare; since silence is counted
+// only while the registry takes writes, an election does not count against
+// it either way. The client ping bound (ClientPingInterval ×
+// (ClientMaxPingsOut+1) = 1.5 s) is no longer than the server's
+// (ping_interval 500ms, ping_max 2 on the embedded server; recommended for
+// an external cluster), and the fencing delay covers it: survivors take a
+// departed generation's addresses over only once that generation has had
+// time to notice its own link dropped and stop starting turns.
 const (
-	DefaultHeartbeat = time.Second
-	DefaultTTL       = 3 * time.Second
+	DefaultHeartbeat    = time.Second
+	DefaultTTL          = 8 * time.Second
+	DefaultFencingDelay = 2 * time.Second
+	// ClientPingInterval and ClientMaxPingsOut are the nats.go ping
+	// settings of a node's connection: a silently dropped link is noticed
+	// within ClientPingInterval × (ClientMaxPingsOut+1).
+	ClientPingInterval = 500 * time.Millisecond
+	ClientMaxPingsOut  = 2
+	// ClientReconnectWait is the nats.go reconnect wait of a node's
+	// connection (with nats.go's default jitter).
+	ClientReconnectWait = 250 * time.Millisecond
+	// BackstopFactor × TTL is the registry bucket's MaxAge: it removes
+	// entries nobody judged (for instance every node of the mesh crashed).
+	BackstopFactor = 8
 	// DefaultAdvisorySubject is where a node listens for client-disconnect
 	// advisories: the system account's subject as imported into the
 	// application account (docs/operations.md). Where the import is
@@ -44,6 +79,9 @@ const (
 	ConnNamePrefix = "natsmesh "
 )
 
+// metaTTL is the registry bucket's metadata key holding the mesh's TTL.
+const metaTTL = "natsmesh_ttl"
+
 var (
 	// ErrInvalidConfig: a required Config field is missing or invalid.
 	ErrInvalidConfig = errors.New("membership: invalid config")
@@ -53,6 +91,9 @@ var (
 	ErrLost = errors.New("membership: registration lost")
 	// ErrClosed: the membership was closed or left.
 	ErrClosed = errors.New("membership: closed")
+	// ErrNameInUse: a live, still-heartbeating generation holds the name
+	// and Config.Replace is not set. Nothing was written to the registry.
+	ErrNameInUse = errors.New("membership: node name in use by a live generation")
 )
 
 // ConnName returns the NATS connection name a node generation must use so
@@ -88,12 +129,17 @@ type EventType uint8
 const (
 	Joined       EventType = iota + 1 // a generation registered
 	Left                              // it deleted its entry (graceful drain)
-	Expired                           // its entry's TTL ran out (missed heartbeats)
+	Expired                           // silent past the TTL while the registry took writes
 	Superseded                        // a newer generation of the same name registered
-	Disconnected                      // the server's disconnect advisory for its connection
+	Disconnected                      // a disconnect advisory proving the process gone (client closed, stale)
+	// Moved: the member's connection moved (its server shut down, a
+	// reconnect to another server). Not a departure: its generation and
+	// claims stay; what was in flight to it may be lost in transit and
+	// should be re-sent (the receiver dedupes).
+	Moved
 )
 
-var eventNames = [...]string{"", "joined", "left", "expired", "superseded", "disconnected"}
+var eventNames = [...]string{"", "joined", "left", "expired", "superseded", "disconnected", "moved"}
 
 func (t EventType) String() string {
 	if int(t) < len(eventNames) {
@@ -103,25 +149,28 @@ func (t EventType) String() string {
 }
 
 // Departed reports whether the event ends the member's generation.
-func (t EventType) Departed() bool { return t != Joined }
+func (t EventType) Departed() bool { return t != Joined && t != Moved }
 
 // Event is a change of membership. At is when this node learned it.
 // Latency, for a departure, estimates how long after the fact it was
 // detected: from the advisory's timestamp (Disconnected), from the member's
 // last heartbeat (Expired, which includes the TTL), from the new
-// generation's start (Superseded); zero for Left and Joined.
+// generation's start (Superseded); zero for Left, Joined and Moved. Reason
+// is the advisory's reason, if an advisory caused it.
 type Event struct {
 	Type    EventType
 	Member  Member
 	At      time.Time
 	Latency time.Duration
+	Reason  string
 }
 
-// Config holds the membership settings. Conn, Self and Kinds are required;
-// zero fields mean their documented defaults.
+// Config holds the membership settings. Conn and Name are required; zero
+// fields mean their documented defaults.
 type Config struct {
 	// Conn is the node's NATS connection; its name should be
-	// ConnName(Self) for advisories to identify it.
+	// ConnName(Self) for advisories to identify it, its ping settings
+	// ClientPingInterval and ClientMaxPingsOut.
 	Conn *nats.Conn
 	// Prefix names the buckets; zero means subjects.DefaultPrefix.
 	Prefix subjects.Prefix
@@ -133,14 +182,29 @@ type Config struct {
 	Version string
 	// Heartbeat is how often the entry is refreshed (default 1 s).
 	Heartbeat time.Duration
-	// TTL expires an entry not refreshed for this long (default 3 s): a
-	// crashed node is declared gone within TTL by the heartbeat alone.
+	// TTL declares a generation gone after this much heartbeat silence
+	// while the registry took writes (default 8 s). The first node to
+	// create the registry sets it for the mesh; later nodes follow it.
 	TTL time.Duration
+	// FencingDelay is how long after a generation's departure survivors
+	// wait before taking its addresses over (default 2 s); it must cover
+	// the client ping bound of the departed node's connection.
+	FencingDelay time.Duration
 	// Replicas of the KV buckets (default 1; use 3 on a 3-server cluster).
 	Replicas int
 	// AdvisorySubject receives client-disconnect advisories; zero means
 	// DefaultAdvisorySubject, "-" disables listening.
 	AdvisorySubject string
+	// Replace lets this process supersede a live, still-heartbeating
+	// generation of its name (a deliberate takeover). Without it Join
+	// returns ErrNameInUse before writing anything.
+	Replace bool
+	// BeforeAnnounce, if set, is called with the generation Join is about
+	// to write, before it is written: the node subscribes its delivery
+	// subject there, so a sender that reads the new generation never meets
+	// no responders (join order). If the write then loses a race, undo is
+	// called and BeforeAnnounce again with another generation.
+	BeforeAnnounce func(subjects.NodeID) (undo func(), err error)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -160,6 +224,9 @@ func (c *Config) validate() error {
 	}
 	if c.TTL <= 0 {
 		c.TTL = DefaultTTL
+	}
+	if c.FencingDelay <= 0 {
+		c.FencingDelay = DefaultFencingDelay
 	}
 	if c.TTL <= c.Heartbeat {
 		return fmt.Errorf("%w: TTL %v must exceed the heartbeat %v", ErrInvalidConfig, c.TTL, c.Heartbeat)
@@ -192,11 +259,15 @@ type Membership struct {
 
 	wmu       sync.Mutex // serialises writes of our own entry (revision chain)
 	mu        sync.RWMutex
-	live      map[string]Member // by name: the live generation
-	rev       uint64            // revision of our own entry
+	live      map[string]*liveMember // by name: the live generation
+	departed  map[subjects.NodeID]time.Time
+	joinedAt  time.Time
+	rev       uint64 // revision of our own entry
 	listeners map[int]func(Event)
 	nextL     int
 	confirmed uint64 // connection reconnect count at the last good heartbeat
+
+	clock registryClock
 
 	lost      chan struct{}
 	lostOnce  sync.Once
@@ -204,6 +275,8 @@ type Membership struct {
 	supersede atomic.Bool   // the registration was lost to a newer generation of the name
 	ready     chan struct{} // the registry's initial state was read
 	readyOnce sync.Once
+	beatNow   chan struct{} // a reconnect asks for a heartbeat at once
+	status    chan nats.Status
 	ctx       context.Context
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -211,9 +284,16 @@ type Membership struct {
 	closeOnce sync.Once
 }
 
+// liveMember is a live generation and when the registry clock last saw it.
+type liveMember struct {
+	Member
+	seen time.Duration // registry clock at its last entry write
+}
+
 // OpenBucket creates or binds the registry bucket: memory storage, the
-// configured replicas, history 1, TTL, and markers on expiry so watchers see
-// TTL departures.
+// configured replicas, history 1, the mesh's TTL in its metadata, a MaxAge
+// backstop of BackstopFactor × TTL, and markers on expiry so watchers see
+// backstop removals.
 //
 // An existing bucket is used as it is, never reconfigured: the mesh's TTL
 // is the bucket's, set by the first node, so one node with other settings
@@ -225,9 +305,22 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, p subjects.Prefix, 
 		Storage:        jetstream.MemoryStorage,
 		Replicas:       replicas,
 		History:        1,
-		TTL:            ttl,
+		TTL:            BackstopFactor * ttl,
 		LimitMarkerTTL: max(ttl, time.Second),
+		Metadata:       map[string]string{metaTTL: ttl.String()},
 	})
+}
+
+// bucketTTL returns the mesh's TTL as the registry bucket records it.
+func bucketTTL(st jetstream.KeyValueStatus) time.Duration {
+	if kst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		if v, ok := kst.StreamInfo().Config.Metadata[metaTTL]; ok {
+			if d, err := time.ParseDuration(v); err == nil && d > 0 {
+				return d
+			}
+		}
+	}
+	return st.TTL() // a registry of an older version: its MaxAge is the TTL
 }
 
 // bindOrCreate binds the bucket if it exists, else creates it.
@@ -254,6 +347,8 @@ func BindOrCreate(ctx context.Context, js jetstream.JetStream, cfg jetstream.Key
 // Join registers this node with a fresh generation, reads the registry, and
 // starts the heartbeat and the watchers. It blocks until the registry's
 // current state is known or ctx ends. The generation is in Self().Node.
+// Errors: ErrNameInUse (a live generation holds the name and Replace is
+// off), ErrInvalidConfig, ctx's error, or the registry's.
 func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -277,21 +372,28 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 			cfg.Logger.Info("the registry's replica count differs from this node's; the registry is not reconfigured",
 				"registry_replicas", kst.StreamInfo().Config.Replicas, "configured_replicas", cfg.Replicas)
 		}
-	}
-	if st, err := kv.Status(ctx); err == nil && st.TTL() > 0 && st.TTL() != cfg.TTL {
-		cfg.Logger.Info("the registry's TTL differs from this node's; following the registry", "registry_ttl", st.TTL().String(), "configured_ttl", cfg.TTL.String())
-		cfg.TTL = st.TTL()
-		cfg.Heartbeat = min(cfg.Heartbeat, cfg.TTL/3)
+		if ttl := bucketTTL(st); ttl > 0 && ttl != cfg.TTL {
+			cfg.Logger.Info("the registry's TTL differs from this node's; following the registry", "registry_ttl", ttl.String(), "configured_ttl", cfg.TTL.String())
+			cfg.TTL = ttl
+			cfg.Heartbeat = min(cfg.Heartbeat, cfg.TTL/3)
+		}
 	}
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Membership{
 		cfg: cfg, log: cfg.Logger, kv: kv,
-		live: map[string]Member{}, listeners: map[int]func(Event){},
-		lost: make(chan struct{}), ready: make(chan struct{}),
-		ctx: mctx, cancel: cancel,
+		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{},
+		listeners: map[int]func(Event){},
+		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1),
+		ctx: mctx, cancel: cancel, joinedAt: time.Now(),
 	}
 	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC()}
 	slices.Sort(m.self.Kinds)
+	if !cfg.Replace {
+		if err := m.checkName(ctx); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
 	if err := Retry(ctx, func() error { return m.register(ctx) }); err != nil {
 		cancel()
 		return nil, err
@@ -305,9 +407,12 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 		}
 		m.advSub = sub
 	}
-	m.wg.Add(2)
+	m.status = cfg.Conn.StatusChanged(nats.CONNECTED, nats.DISCONNECTED, nats.RECONNECTING)
+	m.wg.Add(4)
 	go m.watch()
 	go m.heartbeat()
+	go m.linkEvents()
+	go m.expiry()
 	select {
 	case <-m.ready:
 	case <-ctx.Done():
@@ -317,8 +422,70 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	return m, nil
 }
 
+// checkName refuses to go on while a live generation heartbeats under the
+// name: it reads the entry and, unless it is plainly stale, watches it for up
+// to one TTL for a newer heartbeat. It writes nothing.
+func (m *Membership) checkName(ctx context.Context) error {
+	name := m.cfg.Name
+	var first Member
+	var firstRev uint64
+	var err error
+	err = Retry(ctx, func() error {
+		first, firstRev, err = m.readEntry(ctx, name)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("membership: read registry: %w", err)
+	}
+	if firstRev == 0 {
+		return nil
+	}
+	if time.Since(first.BeatAt) > m.cfg.TTL+m.cfg.Heartbeat {
+		return nil // stale by its own clock: a crashed generation
+	}
+	deadline := time.Now().Add(m.cfg.TTL)
+	m.cfg.Logger.Info("a generation of this node's name is registered; waiting to see whether it still heartbeats",
+		"generation", first.Node.String(), "up_to", m.cfg.TTL.String())
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(m.cfg.Heartbeat / 2):
+		}
+		cur, rev, err := m.readEntry(ctx, name)
+		switch {
+		case err != nil:
+			continue
+		case rev == 0:
+			return nil // it left or was removed
+		case cur.Node != first.Node || cur.Beat != first.Beat || rev != firstRev:
+			return fmt.Errorf("%w: %s is live (heartbeating); start with --replace to take its name over, or pick another name", ErrNameInUse, cur.Node)
+		}
+	}
+	return nil // silent for a TTL: gone
+}
+
+// readEntry returns name's registry entry and revision (0 when absent).
+func (m *Membership) readEntry(ctx context.Context, name string) (Member, uint64, error) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	e, err := m.kv.Get(rctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Member{}, 0, nil
+	}
+	if err != nil {
+		return Member{}, 0, err
+	}
+	var v Member
+	if json.Unmarshal(e.Value(), &v) != nil {
+		return Member{}, e.Revision(), nil
+	}
+	return v, e.Revision(), nil
+}
+
 // register writes a new generation for the name, strictly above any
-// registered one, under a revision check.
+// registered one, under a revision check. BeforeAnnounce runs before each
+// write with the generation about to be written.
 func (m *Membership) register(ctx context.Context) error {
 	name := m.cfg.Name
 	for range 10 {
@@ -340,6 +507,19 @@ func (m *Membership) register(ctx context.Context) error {
 		self.Node = subjects.NodeID{Name: name, Generation: gen}
 		self.ServerID, self.ClientID = m.connIdentity()
 		self.BeatAt = time.Now().UTC()
+		m.mu.Lock()
+		m.self = self
+		m.mu.Unlock()
+		undo := func() {}
+		if f := m.cfg.BeforeAnnounce; f != nil {
+			u, err := f(self.Node)
+			if err != nil {
+				return fmt.Errorf("membership: before announcing %s: %w", self.Node, err)
+			}
+			if u != nil {
+				undo = u
+			}
+		}
 		b, _ := json.Marshal(self)
 		confirmed := m.cfg.Conn.Stats().Reconnects
 		var rev uint64
@@ -349,14 +529,17 @@ func (m *Membership) register(ctx context.Context) error {
 			rev, err = m.kv.Update(ctx, name, b, prev)
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			undo()
 			continue // raced with another incarnation: read again
 		}
 		if err != nil {
+			undo()
 			return fmt.Errorf("membership: register: %w", err)
 		}
 		m.mu.Lock()
-		m.self, m.rev, m.confirmed = self, rev, confirmed
+		m.rev, m.confirmed = rev, confirmed
 		m.mu.Unlock()
+		m.clock.wrote()
 		return nil
 	}
 	return fmt.Errorf("membership: register %q: too many concurrent registrations", name)
@@ -400,6 +583,10 @@ func (m *Membership) Self() Member {
 	return m.self
 }
 
+// TTL returns the mesh's TTL (the registry's, which may differ from the
+// configured one).
+func (m *Membership) TTL() time.Duration { return m.cfg.TTL }
+
 // Lost is closed when this node's registration was removed or superseded:
 // it was declared gone and must stop serving (fencing). After a removal it
 // may rejoin with a new generation; after a supersession (Superseded) another
@@ -410,14 +597,18 @@ func (m *Membership) Lost() <-chan struct{} { return m.lost }
 // generation of the same name.
 func (m *Membership) Superseded() bool { return m.supersede.Load() }
 
-// Confirmed reports whether the registration was confirmed by a heartbeat on
-// the connection as it is now: false after a reconnect until the next good
-// heartbeat, and for good once lost. A node must not serve while false.
+// Confirmed reports whether this node may start turns now: its link is up
+// and its registration was confirmed by a heartbeat on the connection as it
+// is now. It is false from the moment the link drops until the first good
+// heartbeat after the reconnect, and for good once lost (self-fencing).
 func (m *Membership) Confirmed() bool {
 	select {
 	case <-m.lost:
 		return false
 	default:
+	}
+	if m.cfg.Conn.Status() != nats.CONNECTED {
+		return false
 	}
 	m.mu.RLock()
 	c := m.confirmed
@@ -456,7 +647,7 @@ func (m *Membership) Members() []Member {
 	m.mu.RLock()
 	out := make([]Member, 0, len(m.live))
 	for _, v := range m.live {
-		out = append(out, v)
+		out = append(out, v.Member)
 	}
 	m.mu.RUnlock()
 	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Node.Name, b.Node.Name) })
@@ -469,6 +660,22 @@ func (m *Membership) Alive(node subjects.NodeID) bool {
 	defer m.mu.RUnlock()
 	v, ok := m.live[node.Name]
 	return ok && v.Node == node
+}
+
+// TakeoverAt returns when this node may take over addresses claimed by
+// node, a generation that is not alive: its departure as this node learned
+// it plus the fencing delay (for a departure before this node joined, its
+// join plus the fencing delay). The zero time means at once.
+func (m *Membership) TakeoverAt(node subjects.NodeID) time.Time {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if at, ok := m.departed[node]; ok {
+		return at.Add(m.cfg.FencingDelay)
+	}
+	if t := m.joinedAt.Add(m.cfg.FencingDelay); time.Now().Before(t) {
+		return t
+	}
+	return time.Time{}
 }
 
 // Hosting returns the live generations that host kind and take new
@@ -516,16 +723,22 @@ func (m *Membership) emit(e Event) {
 
 // depart removes node's generation from the live set and emits the event,
 // once per generation. since is when the departure happened, if known.
-func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time) {
+func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, reason string) bool {
+	now := time.Now()
 	m.mu.Lock()
 	v, ok := m.live[node.Name]
 	if !ok || v.Node != node {
 		m.mu.Unlock()
-		return
+		return false
 	}
 	delete(m.live, node.Name)
+	m.departed[node] = now
+	for n, at := range m.departed { // bounded: only those still fencing
+		if now.Sub(at) > m.cfg.FencingDelay {
+			delete(m.departed, n)
+		}
+	}
 	m.mu.Unlock()
-	now := time.Now()
 	var lat time.Duration
 	switch {
 	case t == Expired:
@@ -534,8 +747,9 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time) 
 		lat = now.Sub(since)
 	}
 	lat = max(lat, 0)
-	m.log.Info("node departed", "departed", node.String(), "how", t.String(), "detected_after", lat.String())
-	m.emit(Event{Type: t, Member: v, At: now, Latency: lat})
+	m.log.Info("node departed", "departed", node.String(), "how", t.String(), "reason", reason, "detected_after", lat.String())
+	m.emit(Event{Type: t, Member: v.Member, At: now, Latency: lat, Reason: reason})
+	return true
 }
 
 // watch follows the registry.
@@ -587,23 +801,35 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.log.Warn("registry entry ignored", "key", name, "err", err)
 			return
 		}
+		if time.Since(v.BeatAt) < m.cfg.TTL {
+			m.clock.wrote() // a fresh write: the registry takes writes
+		}
+		now := m.clock.now()
 		m.mu.Lock()
 		old, had := m.live[name]
 		switch {
 		case had && old.Node == v.Node:
-			m.live[name] = v // a heartbeat
+			moved := old.ClientID != v.ClientID || old.ServerID != v.ServerID
+			m.live[name] = &liveMember{Member: v, seen: now} // a heartbeat
 			m.mu.Unlock()
+			if moved && old.ClientID != 0 {
+				m.emit(Event{Type: Moved, Member: v, At: time.Now(), Reason: "heartbeat from a new connection"})
+			}
 			return
 		case had && old.Node.Generation > v.Node.Generation:
 			m.mu.Unlock()
 			return // a stale write of an older generation
 		}
+		if _, gone := m.departed[v.Node]; gone {
+			m.mu.Unlock()
+			return // a late write of a generation already judged gone
+		}
 		m.mu.Unlock()
 		if had {
-			m.depart(old.Node, Superseded, v.Started)
+			m.depart(old.Node, Superseded, v.Started, "")
 		}
 		m.mu.Lock()
-		m.live[name] = v
+		m.live[name] = &liveMember{Member: v, seen: now}
 		m.mu.Unlock()
 		m.emit(Event{Type: Joined, Member: v, At: time.Now()})
 	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
@@ -611,13 +837,13 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		old, had := m.live[name]
 		m.mu.RUnlock()
 		if !had {
-			return
+			break
 		}
 		t := Left
 		if e.Operation() == jetstream.KeyValuePurge {
-			t = Expired // a MaxAge marker
+			t = Expired // a MaxAge marker (the backstop)
 		}
-		m.depart(old.Node, t, time.Time{})
+		m.depart(old.Node, t, time.Time{}, "")
 	}
 	self := m.Self()
 	if name == self.Node.Name {
@@ -633,55 +859,32 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 	}
 }
 
-// disconnectAdvisory is the part of server.DisconnectEventMsg we read.
-type disconnectAdvisory struct {
-	Time   time.Time `json:"timestamp"`
-	Server struct {
-		ID string `json:"id"`
-	} `json:"server"`
-	Client struct {
-		ID   uint64 `json:"id"`
-		Name string `json:"name"`
-	} `json:"client"`
-}
-
-// onAdvisory declares a member gone when the server reports its connection
-// closed. The member is found by its connection (server ID and client ID,
-// from its registry entry), so names reused across incarnations do not
-// matter.
-func (m *Membership) onAdvisory(msg *nats.Msg) {
-	var a disconnectAdvisory
-	if json.Unmarshal(msg.Data, &a) != nil || a.Server.ID == "" {
-		return
-	}
-	var node subjects.NodeID
-	m.mu.RLock()
-	for _, v := range m.live {
-		if v.ServerID == a.Server.ID && v.ClientID == a.Client.ID {
-			node = v.Node
-			break
-		}
-	}
-	m.mu.RUnlock()
-	if node.IsZero() || node == m.Self().Node {
-		return // not a member, or our own link: the heartbeat decides about us
-	}
-	m.depart(node, Disconnected, a.Time)
-	// Remove its entry so every node converges and the departed process,
-	// should it come back, finds itself gone. The revision check keeps a
-	// newer generation's entry.
+// remove deletes node's registry entry if it still names node (revision
+// check), so every node converges and the departed process, should it come
+// back, finds itself gone.
+func (m *Membership) remove(node subjects.NodeID) {
 	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
 	defer cancel()
-	if e, err := m.kv.Get(ctx, node.Name); err == nil {
+	for range 3 { // a heartbeat of node may land between the read and the delete
+		e, err := m.kv.Get(ctx, node.Name)
+		if err != nil {
+			return
+		}
 		var v Member
-		if json.Unmarshal(e.Value(), &v) == nil && v.Node == node {
-			_ = m.kv.Delete(ctx, node.Name, jetstream.LastRevision(e.Revision()))
+		if json.Unmarshal(e.Value(), &v) != nil || v.Node != node {
+			return
+		}
+		if err := m.kv.Delete(ctx, node.Name, jetstream.LastRevision(e.Revision())); !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return
 		}
 	}
 }
 
-// heartbeat refreshes the entry; a revision mismatch means the entry was
-// removed or superseded: the registration is lost.
+// heartbeat refreshes the entry, every Heartbeat and at once after a
+// reconnect. A revision mismatch whose stored entry is still this
+// generation's (the reply of an earlier write was lost) adopts the stored
+// revision; one that names no entry or another generation means the
+// registration is lost.
 func (m *Membership) heartbeat() {
 	defer m.wg.Done()
 	t := time.NewTicker(m.cfg.Heartbeat)
@@ -693,41 +896,83 @@ func (m *Membership) heartbeat() {
 		case <-m.lost:
 			return
 		case <-t.C:
+		case <-m.beatNow:
 		}
-		m.wmu.Lock()
-		m.mu.RLock()
-		self, rev := m.self, m.rev
-		m.mu.RUnlock()
-		self.Beat++
-		self.BeatAt = time.Now().UTC()
-		self.ServerID, self.ClientID = m.connIdentity()
-		b, _ := json.Marshal(self)
-		reconnects := m.cfg.Conn.Stats().Reconnects
-		ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Heartbeat)
-		nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
-		cancel()
-		if err == nil {
-			m.mu.Lock()
-			m.self, m.rev, m.confirmed = self, nrev, reconnects
-			m.mu.Unlock()
-		}
-		m.wmu.Unlock()
+		err := m.beat()
 		switch {
 		case err == nil:
-		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
-			gctx, gcancel := context.WithTimeout(m.ctx, m.cfg.Heartbeat)
-			if e, gerr := m.kv.Get(gctx, self.Node.Name); gerr == nil {
-				var cur Member
-				if json.Unmarshal(e.Value(), &cur) == nil && cur.Node.Generation > self.Node.Generation {
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
+			cur, rev, gerr := m.readEntry(m.ctx, m.cfg.Name)
+			self := m.Self()
+			switch {
+			case gerr != nil:
+				// Cannot tell: try again next beat.
+			case rev != 0 && cur.Node == self.Node:
+				m.log.Info("heartbeat reply was lost; the stored entry is still this generation's", "revision", rev)
+				m.mu.Lock()
+				m.rev = rev
+				m.mu.Unlock()
+				select {
+				case m.beatNow <- struct{}{}:
+				default:
+				}
+			default:
+				if rev != 0 && cur.Node.Generation > self.Node.Generation {
 					m.supersede.Store(true)
 				}
+				m.markLost("heartbeat found the entry removed or superseded")
+				return
 			}
-			gcancel()
-			m.markLost("heartbeat found the entry removed or superseded")
-			return
 		default:
 			if m.ctx.Err() == nil {
 				m.log.Warn("heartbeat failed", "err", err)
+			}
+		}
+	}
+}
+
+// beat writes one heartbeat.
+func (m *Membership) beat() error {
+	m.wmu.Lock()
+	defer m.wmu.Unlock()
+	m.mu.RLock()
+	self, rev := m.self, m.rev
+	m.mu.RUnlock()
+	self.Beat++
+	self.BeatAt = time.Now().UTC()
+	self.ServerID, self.ClientID = m.connIdentity()
+	b, _ := json.Marshal(self)
+	reconnects := m.cfg.Conn.Stats().Reconnects
+	ctx, cancel := context.WithTimeout(m.ctx, max(m.cfg.Heartbeat, time.Second))
+	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
+	cancel()
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.self, m.rev, m.confirmed = self, nrev, reconnects
+	m.mu.Unlock()
+	m.clock.wrote()
+	return nil
+}
+
+// linkEvents asks for a heartbeat at once when the link comes back, so the
+// registration is confirmed (and turns resume) without waiting a period.
+func (m *Membership) linkEvents() {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case s, ok := <-m.status:
+			if !ok {
+				return
+			}
+			if s == nats.CONNECTED {
+				select {
+				case m.beatNow <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}
@@ -766,6 +1011,13 @@ func (m *Membership) updateSelf(ctx context.Context, change func(*Member)) error
 	change(&self)
 	b, _ := json.Marshal(self)
 	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		// An earlier write's reply may have been lost: retry on the
+		// stored revision if the entry is still ours.
+		if cur, crev, gerr := m.readEntry(ctx, self.Node.Name); gerr == nil && crev != 0 && cur.Node == self.Node {
+			nrev, err = m.kv.Update(ctx, self.Node.Name, b, crev)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -789,7 +1041,11 @@ func (m *Membership) Leave(ctx context.Context) error {
 	default:
 		err = m.kv.Delete(ctx, self.Node.Name, jetstream.LastRevision(rev))
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			err = nil // already gone or superseded
+			if cur, crev, gerr := m.readEntry(ctx, self.Node.Name); gerr == nil && crev != 0 && cur.Node == self.Node {
+				err = m.kv.Delete(ctx, self.Node.Name, jetstream.LastRevision(crev))
+			} else {
+				err = nil // already gone or superseded
+			}
 		}
 	}
 	m.wmu.Unlock()
@@ -797,13 +1053,16 @@ func (m *Membership) Leave(ctx context.Context) error {
 	return err
 }
 
-// Close stops the heartbeat and watchers without leaving (the entry expires
-// after TTL). It is idempotent.
+// Close stops the heartbeat and watchers without leaving (the entry stays
+// until other nodes judge it silent, or the backstop). It is idempotent.
 func (m *Membership) Close() {
 	m.closeOnce.Do(func() {
 		m.cancel()
 		if m.advSub != nil {
 			_ = m.advSub.Unsubscribe()
+		}
+		if m.status != nil {
+			m.cfg.Conn.RemoveStatusListener(m.status)
 		}
 		m.wg.Wait()
 	})

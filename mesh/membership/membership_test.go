@@ -94,7 +94,7 @@ func TestSupersede(t *testing.T) {
 	old := join(t, natstest.Connect(t, s), "same", Config{Heartbeat: time.Second, TTL: 10 * time.Second})
 	natstest.Eventually(t, 5*time.Second, func() bool { return watcher.Alive(old.Self().Node) }, "old joined")
 	start := time.Now()
-	fresh := join(t, natstest.Connect(t, s), "same", Config{Heartbeat: time.Second, TTL: 10 * time.Second})
+	fresh := join(t, natstest.Connect(t, s), "same", Config{Heartbeat: time.Second, TTL: 10 * time.Second, Replace: true})
 	if fresh.Self().Node.Generation <= old.Self().Node.Generation {
 		t.Fatalf("generation %d not above %d", fresh.Self().Node.Generation, old.Self().Node.Generation)
 	}

@@ -1,0 +1,138 @@
+package membership
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// registryClock measures time during which the registry took writes: it
+// advances by one tick per tick interval only if some write (this node's
+// heartbeat, or any fresh entry another node wrote) was seen within the
+// last clockSlack. Silence is measured on it, so a registry without a
+// leader (no heartbeat of anyone is taken) or this node's own lost link
+// (it sees nobody's) stops every member's silence from growing.
+type registryClock struct {
+	mu        sync.Mutex
+	t         time.Duration // registry time
+	lastWrite time.Time     // wall time of the last write seen
+}
+
+func (c *registryClock) wrote() {
+	c.mu.Lock()
+	c.lastWrite = time.Now()
+	c.mu.Unlock()
+}
+
+func (c *registryClock) now() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// tick advances the clock by d if a write was seen within slack.
+func (c *registryClock) tick(d, slack time.Duration) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.lastWrite.IsZero() && time.Since(c.lastWrite) <= slack {
+		c.t += d
+	}
+	return c.t
+}
+
+// expiry declares members gone whose entries the registry clock has not
+// seen rewritten for a TTL, and removes their entries (revision check).
+func (m *Membership) expiry() {
+	defer m.wg.Done()
+	every := max(m.cfg.Heartbeat/4, 5*time.Millisecond)
+	slack := m.cfg.Heartbeat + every
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := m.clock.tick(every, slack)
+		self := m.Self().Node
+		var silent []subjects.NodeID
+		m.mu.RLock()
+		for _, v := range m.live {
+			if v.Node != self && now-v.seen > m.cfg.TTL {
+				silent = append(silent, v.Node)
+			}
+		}
+		m.mu.RUnlock()
+		for _, n := range silent {
+			if m.depart(n, Expired, time.Time{}, "heartbeat silent past the TTL while the registry took writes") {
+				m.remove(n)
+			}
+		}
+	}
+}
+
+// disconnectAdvisory is the part of server.DisconnectEventMsg we read.
+type disconnectAdvisory struct {
+	Time   time.Time `json:"timestamp"`
+	Server struct {
+		ID string `json:"id"`
+	} `json:"server"`
+	Client struct {
+		ID   uint64 `json:"id"`
+		Name string `json:"name"`
+	} `json:"client"`
+	Reason string `json:"reason"`
+}
+
+// ProvesDeparture reports whether a disconnect advisory's reason (the
+// server's ClosedState string) proves the client's process gone or cut off:
+// the client side closed the socket ("Client Closed": a crash closes it;
+// "Read Error"/"Write Error": it was reset), or it stopped answering pings
+// ("Stale Connection": frozen or partitioned; it fences itself when it
+// returns). Anything else — "Server Shutdown" (a restart, lame duck), a slow
+// consumer, an authentication event — says the connection ended, not the
+// process: the node reconnects with its generation.
+func ProvesDeparture(reason string) bool {
+	switch reason {
+	case "Client Closed", "Read Error", "Write Error", "Stale Connection":
+		return true
+	}
+	return false
+}
+
+// onAdvisory declares a member gone when the server reports its connection
+// closed for a reason that proves it (ProvesDeparture), and reports it Moved
+// otherwise. The member is found by its connection (server ID and client
+// ID, from its registry entry), so names reused across incarnations do not
+// matter.
+func (m *Membership) onAdvisory(msg *nats.Msg) {
+	var a disconnectAdvisory
+	if json.Unmarshal(msg.Data, &a) != nil || a.Server.ID == "" {
+		return
+	}
+	var v Member
+	m.mu.RLock()
+	for _, lm := range m.live {
+		if lm.ServerID == a.Server.ID && lm.ClientID == a.Client.ID {
+			v = lm.Member
+			break
+		}
+	}
+	m.mu.RUnlock()
+	if v.Node.IsZero() || v.Node == m.Self().Node {
+		return // not a member, or our own link: the heartbeat decides about us
+	}
+	if !ProvesDeparture(a.Reason) {
+		m.log.Info("a node's connection closed without proof of departure; it keeps its generation", "member", v.Node.String(), "reason", a.Reason)
+		m.emit(Event{Type: Moved, Member: v, At: time.Now(), Reason: a.Reason})
+		return
+	}
+	if m.depart(v.Node, Disconnected, a.Time, a.Reason) {
+		m.remove(v.Node)
+	}
+}

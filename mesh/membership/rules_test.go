@@ -1,0 +1,218 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// advisory publishes a disconnect advisory for m's connection with reason.
+func advisory(t *testing.T, pub interface {
+	Publish(string, []byte) error
+}, subject string, m *Membership, reason string) {
+	t.Helper()
+	self := m.Self()
+	b, _ := json.Marshal(map[string]any{
+		"timestamp": time.Now(),
+		"server":    map[string]any{"id": self.ServerID},
+		"client":    map[string]any{"id": self.ClientID, "name": ConnName(self.Node)},
+		"reason":    reason,
+	})
+	if err := pub.Publish(subject, b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAdvisoryReasons: a connection is not a generation. Only reasons that
+// prove the process gone or cut off depart a member; "Server Shutdown" (a
+// restart, lame duck) and others are reported Moved and keep it.
+func TestAdvisoryReasons(t *testing.T) {
+	s := natstest.RunServer(t)
+	pub := natstest.Connect(t, s)
+	const subj = "test.advisory"
+	for _, tc := range []struct {
+		reason string
+		proof  bool
+	}{
+		{"Server Shutdown", false},
+		{"Slow Consumer (Pending Bytes)", false},
+		{"Authentication Expired", false},
+		{"Kicked", false},
+		{"Client Closed", true},
+		{"Stale Connection", true},
+		{"Read Error", true},
+		{"Write Error", true},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			if ProvesDeparture(tc.reason) != tc.proof {
+				t.Fatalf("ProvesDeparture(%q) = %v", tc.reason, !tc.proof)
+			}
+			w := join(t, natstest.Connect(t, s), "w", Config{AdvisorySubject: subj, Replace: true})
+			var rec recorder
+			w.OnEvent(rec.add)
+			a := join(t, natstest.Connect(t, s), "a", Config{AdvisorySubject: subj, Replace: true})
+			natstest.Eventually(t, 5*time.Second, func() bool { return w.Alive(a.Self().Node) }, "a joined")
+			advisory(t, pub, subj, a, tc.reason)
+			if tc.proof {
+				natstest.Eventually(t, 5*time.Second, func() bool { _, ok := rec.find(Disconnected, a.Self().Node); return ok }, "departure")
+				select {
+				case <-a.Lost():
+				case <-time.After(5 * time.Second):
+					t.Fatal("the departed generation did not learn it was removed")
+				}
+				return
+			}
+			natstest.Eventually(t, 5*time.Second, func() bool { _, ok := rec.find(Moved, a.Self().Node); return ok }, "moved event")
+			// Several heartbeats later it is still alive and registered.
+			beat := a.Self().Beat
+			natstest.Eventually(t, 5*time.Second, func() bool { return a.Self().Beat > beat+3 }, "heartbeats go on")
+			if !w.Alive(a.Self().Node) || !a.Confirmed() {
+				t.Fatalf("%q departed the member (alive %v, confirmed %v)", tc.reason, w.Alive(a.Self().Node), a.Confirmed())
+			}
+			if _, ok := rec.find(Disconnected, a.Self().Node); ok {
+				t.Fatal("a departure event for a non-proof reason")
+			}
+			a.Close()
+		})
+	}
+}
+
+// TestLostHeartbeatReplyDoesNotFence: a heartbeat whose reply was lost (the
+// node's revision is stale, the stored entry is still its own) re-reads the
+// entry and goes on; it never fences the node.
+func TestLostHeartbeatReplyDoesNotFence(t *testing.T) {
+	s := natstest.RunServer(t)
+	a := join(t, natstest.Connect(t, s), "a", Config{})
+	for range 5 {
+		natstest.Eventually(t, 5*time.Second, func() bool { return a.Self().Beat > 0 }, "beating")
+		// A write landed but its reply was lost: our revision is behind.
+		a.mu.Lock()
+		a.rev--
+		a.mu.Unlock()
+		beat := a.Self().Beat
+		natstest.Eventually(t, 5*time.Second, func() bool { return a.Self().Beat > beat+1 }, "heartbeats go on")
+		select {
+		case <-a.Lost():
+			t.Fatal("a lost heartbeat reply fenced the node")
+		default:
+		}
+	}
+}
+
+// TestSameNameRefused: a live, heartbeating generation of a name is not
+// superseded without Replace, and nothing is written; with Replace it is.
+// A generation that stopped beating does not hold its name.
+func TestSameNameRefused(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: time.Second}
+	old := join(t, nc, "same", cfg)
+	rev := old.rev
+	cfg.Conn, cfg.Name, cfg.Kinds = natstest.Connect(t, s), "same", []string{"echo"}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	announced := false
+	cfg.BeforeAnnounce = func(subjects.NodeID) (func(), error) { announced = true; return nil, nil }
+	_, err := Join(ctx, cfg)
+	if !errors.Is(err, ErrNameInUse) {
+		t.Fatalf("Join with a live name: %v, want ErrNameInUse", err)
+	}
+	if announced {
+		t.Error("BeforeAnnounce ran although the name is live")
+	}
+	if _, cur, _ := old.readEntry(ctx, "same"); cur < rev {
+		t.Errorf("registry revision %d went back from %d", cur, rev)
+	}
+	select {
+	case <-old.Lost():
+		t.Fatal("the live generation was superseded")
+	default:
+	}
+	// Replace: a deliberate takeover.
+	cfg.Replace, cfg.BeforeAnnounce = true, nil
+	fresh, err := Join(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fresh.Close)
+	select {
+	case <-old.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the replaced generation was not told")
+	}
+	if !old.Superseded() {
+		t.Error("not superseded")
+	}
+	// A generation that stopped beating (crashed) does not hold the name.
+	fresh.Close()
+	cfg.Replace = false
+	start := time.Now()
+	third, err := Join(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Join after the name's generation went silent: %v", err)
+	}
+	t.Cleanup(third.Close)
+	t.Logf("a silent generation's name was free after %v (TTL 1s)", time.Since(start))
+}
+
+// TestJoinOrder: BeforeAnnounce runs with the generation before it is in
+// the registry.
+func TestJoinOrder(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	probe := join(t, natstest.Connect(t, s), "probe", Config{})
+	var seenBefore bool
+	var gen subjects.NodeID
+	m := join(t, nc, "n", Config{BeforeAnnounce: func(id subjects.NodeID) (func(), error) {
+		gen = id
+		cur, _, err := probe.readEntry(context.Background(), "n")
+		seenBefore = err != nil || cur.Node == id
+		return nil, nil
+	}})
+	if seenBefore {
+		t.Fatal("the generation was in the registry before BeforeAnnounce ran")
+	}
+	if m.Self().Node != gen {
+		t.Fatalf("announced %v, BeforeAnnounce saw %v", m.Self().Node, gen)
+	}
+}
+
+// TestTakeoverAfterFencingDelay: survivors may take a departed generation's
+// addresses over only a fencing delay after they learned the departure.
+func TestTakeoverAfterFencingDelay(t *testing.T) {
+	s := natstest.RunServer(t)
+	w := join(t, natstest.Connect(t, s), "w", Config{FencingDelay: 300 * time.Millisecond})
+	a := join(t, natstest.Connect(t, s), "a", Config{})
+	natstest.Eventually(t, 5*time.Second, func() bool { return w.Alive(a.Self().Node) }, "a joined")
+	if err := a.Leave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return !w.Alive(a.Self().Node) }, "a left")
+	at := w.TakeoverAt(a.Self().Node)
+	if d := time.Until(at); d <= 0 || d > 300*time.Millisecond {
+		t.Fatalf("takeover in %v, want within (0, 300ms]", d)
+	}
+}
+
+// TestRegistryClock: silence is counted only while writes are seen.
+func TestRegistryClock(t *testing.T) {
+	var c registryClock
+	if c.tick(time.Second, time.Second) != 0 {
+		t.Fatal("the clock ran before any write")
+	}
+	c.wrote()
+	if c.tick(time.Second, time.Second) != time.Second {
+		t.Fatal("the clock did not run after a write")
+	}
+	c.mu.Lock()
+	c.lastWrite = time.Now().Add(-2 * time.Second)
+	c.mu.Unlock()
+	if c.tick(time.Second, time.Second) != time.Second {
+		t.Fatal("the clock ran without recent writes")
+	}
+}
