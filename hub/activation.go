@@ -39,6 +39,7 @@ type activation struct {
 	running    bool // a turn goroutine is draining the inbox
 	holds      int  // explicit holds pin the activation
 	lastActive time.Time
+	building   bool // the build goroutine has not returned: deactivate waits for it
 	done       bool // deactivate ran
 }
 
@@ -87,7 +88,13 @@ func (a *activation) turns() {
 			if a.head == len(a.queue) && cap(a.queue) > 64 {
 				a.queue, a.head = nil, 0 // give a burst's memory back
 			}
+			closed := a.state == stateClosed
 			a.mu.Unlock()
+			if closed {
+				// Closed under a running turn (which Close may have
+				// stopped waiting for): the last turn deactivates.
+				a.deactivate()
+			}
 			return
 		}
 		e := a.queue[a.head]
@@ -154,9 +161,13 @@ func (a *activation) build(f Factory) {
 		err = fmt.Errorf("factory returned a nil hub")
 	}
 	a.mu.Lock()
+	a.building = false
 	if a.state != stateBuilding { // closed while building
-		a.hub = hub // Close deactivates it after waiting for this build
+		a.hub = hub
 		a.mu.Unlock()
+		// Whoever closed it could not deactivate a hub still being
+		// built (however long the build outlived Close): do it now.
+		a.deactivate()
 		return
 	}
 	if err != nil {
@@ -218,9 +229,9 @@ func (a *activation) idleSince(t time.Time) bool {
 // deactivate runs the hub's Deactivate and releases the claim, once.
 func (a *activation) deactivate() {
 	a.mu.Lock()
-	if a.done {
+	if a.done || a.building {
 		a.mu.Unlock()
-		return
+		return // done, or the build deactivates it when it returns
 	}
 	a.done = true
 	hub := a.hub

@@ -21,8 +21,11 @@ const ClaimTimeout = 2 * time.Second
 
 // Defaults for zero Config fields.
 const (
-	DefaultInboxSize   = 1024
-	DefaultIdleTimeout = 5 * time.Minute
+	DefaultInboxSize        = 1024
+	DefaultIdleTimeout      = 5 * time.Minute
+	DefaultParkPerAddress   = 256
+	DefaultParkBacklog      = 16384
+	DefaultClaimConcurrency = 128
 )
 
 // Claims is the seam for single activation across nodes (DESIGN §5): before a
@@ -73,6 +76,18 @@ type Config struct {
 	// (verdict.ErrStormBreaker). Zero means DefaultBreakerRate; negative
 	// turns the breaker off.
 	BreakerRate int
+	// ParkPerAddress bounds the deliveries parked on one cold address
+	// while its claim is in flight; past it the intake refuses Ignored
+	// (verdict.ErrInboxFull). Zero means DefaultParkPerAddress.
+	ParkPerAddress int
+	// ParkBacklog bounds the deliveries parked on all cold addresses of
+	// the node together; past it the intake refuses Ignored
+	// (verdict.ErrInboxFull). Zero means DefaultParkBacklog.
+	ParkBacklog int
+	// ClaimConcurrency bounds the claims in flight at once (claims of many
+	// addresses are pipelined up to it). Zero means
+	// DefaultClaimConcurrency.
+	ClaimConcurrency int
 	// AwaitServing, if set, is called by a turn when Fence refuses: it
 	// blocks until the node may serve again (nil: handle the delivery) or
 	// never will (an error: fail it late with that error). Without it a
@@ -102,6 +117,18 @@ func (c *Config) validate() error {
 	if c.DedupeWindow == 0 {
 		c.DedupeWindow = DefaultDedupeWindow
 	}
+	if c.ParkPerAddress < 0 || c.ParkBacklog < 0 || c.ClaimConcurrency < 0 {
+		return fmt.Errorf("%w: negative ParkPerAddress, ParkBacklog or ClaimConcurrency", ErrInvalidConfig)
+	}
+	if c.ParkPerAddress == 0 {
+		c.ParkPerAddress = DefaultParkPerAddress
+	}
+	if c.ParkBacklog == 0 {
+		c.ParkBacklog = DefaultParkBacklog
+	}
+	if c.ClaimConcurrency == 0 {
+		c.ClaimConcurrency = DefaultClaimConcurrency
+	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
 	}
@@ -118,14 +145,17 @@ func (c *Config) validate() error {
 // Activations and Queued, which are current.
 type Stats struct {
 	Node        subjects.NodeID `json:"node"`
-	Activations int             `json:"activations"` // live activations
-	Queued      int             `json:"queued"`      // deliveries accepted and not yet settled
-	Accepted    int64           `json:"accepted"`    // deliveries accepted (first time)
-	DedupeHits  int64           `json:"dedupe_hits"` // deliveries answered Accepted again from the window
-	Refused     int64           `json:"refused"`     // deliveries refused before acceptance
-	Handled     int64           `json:"handled"`     // deliveries whose handler returned
-	Late        int64           `json:"late"`        // late verdicts sent after acceptance
-	Deactivated int64           `json:"deactivated"` // activations collected or closed
+	Activations int             `json:"activations"`  // live activations
+	Queued      int             `json:"queued"`       // deliveries accepted and not yet settled
+	Accepted    int64           `json:"accepted"`     // deliveries accepted (first time)
+	DedupeHits  int64           `json:"dedupe_hits"`  // deliveries answered Accepted again from the window
+	Refused     int64           `json:"refused"`      // deliveries refused before acceptance
+	Handled     int64           `json:"handled"`      // deliveries whose handler returned
+	Late        int64           `json:"late"`         // late verdicts sent after acceptance
+	Deactivated int64           `json:"deactivated"`  // activations collected or closed
+	Claiming    int             `json:"claiming"`     // cold addresses whose claim is in flight (current)
+	Parked      int             `json:"parked"`       // deliveries parked on those claims (current)
+	ParkRefused int64           `json:"park_refused"` // deliveries refused because a claim's parking or the node's backlog was full (included in Refused)
 
 	// BreakerRefusals counts the storm breaker's refusals (included in Refused).
 	BreakerRefusals int64 `json:"breaker_refusals"`
@@ -149,8 +179,11 @@ type Host struct {
 
 	mu          sync.RWMutex
 	activations map[subjects.Address]*activation
+	claiming    map[subjects.Address]*claimOp // cold addresses whose claim is in flight
+	parked      int                           // deliveries parked on claiming, node-wide
 	draining    bool
 	sub         *nats.Subscription
+	claimSem    chan struct{}
 
 	ctx    context.Context // cancelled by Close: builds and handlers
 	cancel context.CancelFunc
@@ -158,7 +191,7 @@ type Host struct {
 
 	accepted, dedupeHits, refused, handled, late, deactivated atomic.Int64
 
-	breakerRefusals atomic.Int64
+	breakerRefusals, parkRefused atomic.Int64
 }
 
 // New validates cfg and returns a Host that is not yet subscribed. Errors
@@ -184,6 +217,8 @@ func New(cfg Config) (*Host, error) {
 		breaker:     br,
 		kinds:       map[string]Factory{},
 		activations: map[subjects.Address]*activation{},
+		claiming:    map[subjects.Address]*claimOp{},
+		claimSem:    make(chan struct{}, cfg.ClaimConcurrency),
 		ctx:         ctx,
 		cancel:      cancel,
 	}, nil
@@ -272,6 +307,14 @@ func (h *Host) intake(m *nats.Msg) {
 			return
 		}
 	}
+	h.dispatch(m, e)
+}
+
+// dispatch puts an accepted-to-be delivery in its activation's inbox and
+// answers it, or parks it on its address's claim (a cold address with
+// Claims set: the claim runs on its own goroutine, never on the
+// subscription's), or refuses it.
+func (h *Host) dispatch(m *nats.Msg, e *entry) {
 	for {
 		h.mu.RLock()
 		draining := h.draining || h.ctx.Err() != nil
@@ -282,6 +325,16 @@ func (h *Host) intake(m *nats.Msg) {
 			return
 		}
 		if a == nil {
+			if h.cfg.Claims != nil {
+				parked, err := h.park(m, e)
+				if err != nil {
+					h.refuse(m, err)
+				}
+				if parked || err != nil {
+					return
+				}
+				continue // activated meanwhile
+			}
 			var err error
 			if a, err = h.activate(e.To); err != nil {
 				h.refuse(m, err)
@@ -299,6 +352,12 @@ func (h *Host) intake(m *nats.Msg) {
 		break
 	}
 	h.dedupe.add(e.ID)
+	h.answerAccepted(m, e)
+}
+
+// answerAccepted sends the reply of an enqueued delivery: Accepted, or the
+// failure that settled it before this reply.
+func (h *Host) answerAccepted(m *nats.Msg, e *entry) {
 	h.accepted.Add(1)
 	if e.replied.CompareAndSwap(false, true) {
 		h.reply(m, nil)
@@ -385,21 +444,31 @@ func (h *Host) activate(addr subjects.Address) (*activation, error) {
 		owner, err := c.Claim(ctx, addr)
 		cancel()
 		if err != nil {
-			return nil, &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "claim " + string(addr), Err: err}
+			return nil, claimFailed(addr, err)
 		}
 		if owner != h.cfg.Node {
 			return nil, &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "address " + string(addr) + " is owned by " + owner.String(), Node: owner.String()}
 		}
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	a, err := h.newActivationLocked(addr, f)
+	h.mu.Unlock()
+	if err != nil && h.cfg.Claims != nil {
+		h.cfg.Claims.Release(addr) // claimed, then found the host draining
+	}
+	return a, err
+}
+
+// newActivationLocked returns addr's activation, creating it and starting
+// its build if absent, or refuses while draining. Called with h.mu held.
+func (h *Host) newActivationLocked(addr subjects.Address, f Factory) (*activation, error) {
 	if h.draining || h.ctx.Err() != nil {
 		return nil, verdict.New(verdict.ReasonHubShuttingDown, "node %s is draining", h.nodeID)
 	}
 	if a := h.activations[addr]; a != nil {
 		return a, nil
 	}
-	a := &activation{host: h, addr: addr, state: stateBuilding}
+	a := &activation{host: h, addr: addr, state: stateBuilding, building: true}
 	h.activations[addr] = a
 	h.wg.Add(1)
 	go a.build(f)
@@ -552,6 +621,7 @@ func (h *Host) Addresses() []subjects.Address {
 func (h *Host) Stats() Stats {
 	h.mu.RLock()
 	n := len(h.activations)
+	claiming, parked := len(h.claiming), h.parked
 	q := 0
 	for _, a := range h.activations {
 		a.mu.Lock()
@@ -564,6 +634,7 @@ func (h *Host) Stats() Stats {
 		Accepted: h.accepted.Load(), DedupeHits: h.dedupeHits.Load(), Refused: h.refused.Load(),
 		Handled: h.handled.Load(), Late: h.late.Load(), Deactivated: h.deactivated.Load(),
 		BreakerRefusals: h.breakerRefusals.Load(),
+		Claiming:        claiming, Parked: parked, ParkRefused: h.parkRefused.Load(),
 	}
 }
 
@@ -689,11 +760,11 @@ func (h *Host) closeWithin(wait time.Duration) {
 	}
 	for _, a := range all {
 		a.mu.Lock()
-		stuck := a.running || a.state == stateBuilding
+		stuck := a.running
 		a.mu.Unlock()
 		if stuck {
 			continue // its hub is still in use: do not deactivate under it
 		}
-		a.deactivate()
+		a.deactivate() // a build still running deactivates it when it returns
 	}
 }

@@ -227,11 +227,11 @@ func (g *globals) meshMembership(ctx context.Context, nc *nats.Conn) (*mesh.Memb
 	if err != nil {
 		return nil, natsError(err, "registry bucket %s", bucket)
 	}
-	cfg := st.Config()
-	if cfg.TTL <= 0 {
+	ttl := membership.RegistryTTL(st)
+	if ttl <= 0 {
 		return nil, exitf(exitVerdict, "registry bucket %s has no TTL: not a natsmesh registry", bucket)
 	}
-	return &mesh.MembershipConfig{Heartbeat: cfg.TTL / 3, TTL: cfg.TTL, Replicas: cfg.Replicas}, nil
+	return &mesh.MembershipConfig{Heartbeat: min(membership.DefaultHeartbeat, ttl/3), TTL: ttl, Replicas: st.Config().Replicas}, nil
 }
 
 // joinMesh starts node: it joins the mesh. Start cannot be interrupted; on

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/hubs"
@@ -334,17 +335,17 @@ func TestSubscribeKeepsRegistryTTL(t *testing.T) {
 	r := start(t, s, "subscribe", "kv/t", "--count", "1")
 	wantCode(t, r.wait(t), 0)
 	nc := natstest.Connect(t, s)
-	js, _ := nc.JetStream()
-	kv, err := js.KeyValue(membership.BucketName(subjects.DefaultPrefix))
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(context.Background(), membership.BucketName(subjects.DefaultPrefix))
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := kv.Status()
+	st, err := kv.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.TTL() != fastMembership().TTL {
-		t.Fatalf("registry TTL %v, want the mesh's %v", st.TTL(), fastMembership().TTL)
+	if got := membership.RegistryTTL(st); got != fastMembership().TTL {
+		t.Fatalf("registry TTL %v, want the mesh's %v", got, fastMembership().TTL)
 	}
 	if len(owner.Members().Members()) == 0 {
 		t.Fatal("the owner lost its own registration")

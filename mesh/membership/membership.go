@@ -311,8 +311,9 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, p subjects.Prefix, 
 	})
 }
 
-// bucketTTL returns the mesh's TTL as the registry bucket records it.
-func bucketTTL(st jetstream.KeyValueStatus) time.Duration {
+// RegistryTTL returns the mesh's TTL as the registry bucket records it (in
+// its metadata; for a registry of an older version, its MaxAge).
+func RegistryTTL(st jetstream.KeyValueStatus) time.Duration {
 	if kst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 		if v, ok := kst.StreamInfo().Config.Metadata[metaTTL]; ok {
 			if d, err := time.ParseDuration(v); err == nil && d > 0 {
@@ -372,7 +373,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 			cfg.Logger.Info("the registry's replica count differs from this node's; the registry is not reconfigured",
 				"registry_replicas", kst.StreamInfo().Config.Replicas, "configured_replicas", cfg.Replicas)
 		}
-		if ttl := bucketTTL(st); ttl > 0 && ttl != cfg.TTL {
+		if ttl := RegistryTTL(st); ttl > 0 && ttl != cfg.TTL {
 			cfg.Logger.Info("the registry's TTL differs from this node's; following the registry", "registry_ttl", ttl.String(), "configured_ttl", cfg.TTL.String())
 			cfg.TTL = ttl
 			cfg.Heartbeat = min(cfg.Heartbeat, cfg.TTL/3)

@@ -1,0 +1,164 @@
+package hub
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// Claims off the subscription goroutine (DESIGN §5). The first delivery for
+// a cold address starts its claim on a goroutine of its own and parks; later
+// deliveries for that address park behind it (bounded per address and
+// node-wide); deliveries for active addresses never wait behind a claim.
+// Claims of many addresses run at once, up to ClaimConcurrency. A parked
+// delivery is not answered until its claim ends: Accepted once it is in the
+// inbox of the new activation, or refused with the claim's failure — one
+// verdict each.
+//
+// Past either bound the intake refuses Ignored (verdict.ErrInboxFull), as
+// for a full inbox (DESIGN §3): the node is overloaded with cold
+// activations, and an immediate re-send would feed the overload it reports;
+// nothing was accepted, so the caller may try again later at its own pace.
+
+// claimOp is a cold address whose claim is in flight.
+type claimOp struct {
+	addr    subjects.Address
+	factory Factory
+	parked  []parkedDelivery
+}
+
+// parkedDelivery is a delivery waiting for its address's claim.
+type parkedDelivery struct {
+	m *nats.Msg
+	e *entry
+}
+
+// park parks e on its address's claim, starting the claim if none is in
+// flight. It returns parked == false with a nil error if the address became
+// active meanwhile (dispatch it again), or a refusal.
+func (h *Host) park(m *nats.Msg, e *entry) (parked bool, err error) {
+	addr := e.To
+	h.kindsMu.RLock()
+	f, ok := h.kinds[addr.Kind()]
+	h.kindsMu.RUnlock()
+	if !ok {
+		return false, verdict.New(verdict.ReasonUnknownKind, "node %s hosts no hub of kind %q", h.nodeID, addr.Kind())
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.draining || h.ctx.Err() != nil:
+		return false, verdict.New(verdict.ReasonHubShuttingDown, "node %s is draining", h.nodeID)
+	case h.activations[addr] != nil:
+		return false, nil
+	case h.parked >= h.cfg.ParkBacklog:
+		h.parkRefused.Add(1)
+		return false, verdict.New(verdict.ReasonInboxFull, "node %s has %d deliveries parked on claims in flight (the limit)", h.nodeID, h.parked)
+	}
+	op := h.claiming[addr]
+	if op == nil {
+		op = &claimOp{addr: addr, factory: f}
+		h.claiming[addr] = op
+		h.wg.Add(1)
+		go h.runClaim(op)
+	} else if len(op.parked) >= h.cfg.ParkPerAddress {
+		h.parkRefused.Add(1)
+		return false, verdict.New(verdict.ReasonInboxFull, "%d deliveries for %s are parked on its claim (the limit)", len(op.parked), addr)
+	}
+	op.parked = append(op.parked, parkedDelivery{m: m, e: e})
+	h.parked++
+	return true, nil
+}
+
+// runClaim claims op's address, then activates it and enqueues the parked
+// deliveries in arrival order (under the host's lock, so nothing arriving
+// later overtakes them), or refuses them all with the claim's failure.
+func (h *Host) runClaim(op *claimOp) {
+	defer h.wg.Done()
+	addr := op.addr
+	var owner subjects.NodeID
+	var err error
+	select {
+	case h.claimSem <- struct{}{}:
+		ctx, cancel := context.WithTimeout(h.ctx, ClaimTimeout)
+		owner, err = h.cfg.Claims.Claim(ctx, addr)
+		cancel()
+		<-h.claimSem
+	case <-h.ctx.Done():
+		err = h.ctx.Err()
+	}
+	var refusal error
+	switch {
+	case err != nil:
+		refusal = claimFailed(addr, err)
+	case owner != h.cfg.Node:
+		refusal = &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "address " + string(addr) + " is owned by " + owner.String(), Node: owner.String()}
+	}
+	type outcome struct {
+		p        parkedDelivery
+		accepted bool
+		dup      bool // already accepted under its ID
+		again    bool // the activation went away: dispatch afresh
+		err      error
+	}
+	h.mu.Lock()
+	delete(h.claiming, addr)
+	parked := op.parked
+	op.parked = nil
+	h.parked -= len(parked)
+	var a *activation
+	release := false
+	if refusal == nil {
+		a, refusal = h.newActivationLocked(addr, op.factory)
+		release = refusal != nil // claimed, then found the host draining
+	}
+	out := make([]outcome, 0, len(parked))
+	for _, p := range parked {
+		o := outcome{p: p}
+		switch {
+		case refusal != nil:
+			o.err = refusal
+		case h.dedupe.seen(p.e.ID):
+			o.dup = true // a copy parked twice: accepted once
+		default:
+			switch eerr := a.enqueue(p.e); {
+			case eerr == errActivationGone:
+				o.again = true
+			case eerr != nil:
+				o.err = eerr
+			default:
+				h.dedupe.add(p.e.ID)
+				o.accepted = true
+			}
+		}
+		out = append(out, o)
+	}
+	h.mu.Unlock()
+	if release {
+		h.cfg.Claims.Release(addr)
+	}
+	for _, o := range out {
+		switch {
+		case o.again:
+			h.dispatch(o.p.m, o.p.e)
+		case o.err != nil:
+			h.refuse(o.p.m, o.err)
+		case o.dup:
+			h.dedupeHits.Add(1)
+			h.reply(o.p.m, nil)
+		default:
+			h.answerAccepted(o.p.m, o.p.e)
+		}
+	}
+}
+
+// claimFailed is the resendable refusal of a claim that could not be made.
+// The claim's own timeout is not kept in the error chain: it is not a leg
+// timeout (nothing was accepted), and the predicates read a timeout
+// anywhere in the chain as one.
+func claimFailed(addr subjects.Address, err error) error {
+	return &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "claim " + string(addr) + ": " + err.Error()}
+}
