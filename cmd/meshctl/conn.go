@@ -17,23 +17,46 @@ import (
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
-// connect opens a NATS connection with the global flags. Its errors map to
-// exit code 2.
+// connectTimeout bounds dialing NATS, whatever --timeout says.
+const connectTimeout = 5 * time.Second
+
+// connect opens a NATS connection with the global flags, named name. Its
+// errors map to exit code 2.
 func (g *globals) connect(name string) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(name),
-		nats.Timeout(min(g.timeout, 5*time.Second)),
+		nats.Timeout(connectTimeout),
 		// A CLI command is short: a lost connection is an error, not
 		// something to wait out.
 		nats.NoReconnect(),
 		nats.NoCallbacksAfterClientClose(),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}),
 	}
-	if g.creds != "" {
+	switch {
+	case g.creds != "":
 		opts = append(opts, nats.UserCredentials(g.creds))
-	}
-	if g.user != "" {
+	case g.nkey != "":
+		o, err := nats.NkeyOptionFromSeed(g.nkey)
+		if err != nil {
+			return nil, usageErrorf("--nkey: %v", err)
+		}
+		opts = append(opts, o)
+	case g.user != "":
 		opts = append(opts, nats.UserInfo(g.user, g.password))
+	case g.token != "":
+		opts = append(opts, nats.Token(g.token))
+	}
+	if g.tlsCert != "" {
+		opts = append(opts, nats.ClientCert(g.tlsCert, g.tlsKey))
+	}
+	if g.tlsCA != "" {
+		opts = append(opts, nats.RootCAs(g.tlsCA))
+	}
+	if g.tlsFirst {
+		opts = append(opts, nats.TLSHandshakeFirst())
+	}
+	if g.inboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(g.inboxPrefix))
 	}
 	nc, err := nats.Connect(g.server, opts...)
 	if err != nil {

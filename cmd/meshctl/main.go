@@ -19,7 +19,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/natsmesh/natsmesh/internal/buildinfo"
+	"github.com/natsmesh/natsmesh/internal/envflag"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -38,8 +41,19 @@ their hubs and counters, sends deliveries and requests through the ingress,
 follows a hub's sync stream (subscribe), drains a node and benchmarks
 delivery throughput.
 
-The NATS server is taken from --server, else from the NATS_URL environment
-variable, else nats://127.0.0.1:4222.
+Connecting: each setting is taken from its flag, else its environment
+variable (as the nats CLI names them), else the nats CLI context (--context
+NAME, NATS_CONTEXT, else the context selected with "nats context select"),
+else the default:
+  --server    NATS_URL        nats://127.0.0.1:4222
+  --creds     NATS_CREDS      credentials file (JWT and seed)
+  --nkey      NATS_NKEY       nkey seed file
+  --user      NATS_USER       with --password (NATS_PASSWORD)
+  --tls-cert  NATS_CERT       TLS client certificate, with --tls-key (NATS_KEY)
+  --tls-ca    NATS_CA         CA to verify the servers
+  --context   NATS_CONTEXT    ~/.config/nats/context/NAME.json ($XDG_CONFIG_HOME)
+--prefix, --output and --timeout read MESHCTL_PREFIX, MESHCTL_OUTPUT and
+MESHCTL_TIMEOUT. An invalid value is an error naming its variable.
 
 Exit codes:
   0    success
@@ -125,16 +139,76 @@ type globals struct {
 	output   string
 	prefix   string
 	timeout  time.Duration
+	context  string
 	creds    string
+	nkey     string
 	user     string
 	password string
+	tlsCert  string
+	tlsKey   string
+	tlsCA    string
+	// From the nats context (no flags): a token, an inbox prefix, TLS
+	// first.
+	token       string
+	inboxPrefix string
+	tlsFirst    bool
 
+	env            *envflag.Set
 	stdout, stderr io.Writer
 }
 
 func (g *globals) json() bool { return g.output == "json" }
 
 func (g *globals) meshPrefix() subjects.Prefix { return subjects.Prefix(g.prefix) }
+
+// defaultServer is the NATS URL without flag, environment or context.
+const defaultServer = "nats://127.0.0.1:4222"
+
+// resolve fills the connection settings from the environment and the nats
+// context: a flag given wins, then its environment variable, then the
+// context (--context, NATS_CONTEXT, else the nats CLI's selected context),
+// then the default.
+func (g *globals) resolve(fs *pflag.FlagSet) error {
+	if err := g.env.Apply(nil); err != nil {
+		return usageErrorf("%v", err)
+	}
+	name := g.context
+	if name == "" {
+		sel, err := selectedContext()
+		if err != nil {
+			return usageErrorf("%v", err)
+		}
+		name = sel
+	}
+	if name == "" {
+		return nil
+	}
+	c, err := loadContext(name)
+	if err != nil {
+		return usageErrorf("--context: %v", err)
+	}
+	set := func(flag string, dst *string, v string) {
+		if v != "" && !fs.Changed(flag) {
+			*dst = v
+		}
+	}
+	set("server", &g.server, c.URL)
+	// The context's credentials only if no credentials were given.
+	if !fs.Changed("creds") && !fs.Changed("nkey") && !fs.Changed("user") {
+		set("creds", &g.creds, c.Creds)
+		set("nkey", &g.nkey, c.NKey)
+		set("user", &g.user, c.User)
+		set("password", &g.password, c.Password)
+		g.token = c.Token
+	}
+	if !fs.Changed("tls-cert") && !fs.Changed("tls-key") {
+		set("tls-cert", &g.tlsCert, c.Cert)
+		set("tls-key", &g.tlsKey, c.Key)
+	}
+	set("tls-ca", &g.tlsCA, c.CA)
+	g.inboxPrefix, g.tlsFirst = c.InboxPrefix, c.TLSFirst
+	return nil
+}
 
 // validate checks the global flags before any command runs.
 func (g *globals) validate() error {
@@ -155,9 +229,26 @@ func (g *globals) validate() error {
 	if g.password != "" && g.user == "" {
 		return usageErrorf("--password needs --user")
 	}
-	if g.creds != "" {
-		if _, err := os.Stat(g.creds); err != nil {
-			return usageErrorf("--creds: %v", err)
+	n := 0
+	for _, v := range []string{g.creds, g.nkey, g.user} {
+		if v != "" {
+			n++
+		}
+	}
+	if n > 1 {
+		return usageErrorf("give one of --creds, --nkey and --user")
+	}
+	if (g.tlsCert == "") != (g.tlsKey == "") {
+		return usageErrorf("a TLS client certificate needs both --tls-cert and --tls-key")
+	}
+	for _, f := range []struct{ flag, path string }{
+		{"--creds", g.creds}, {"--nkey", g.nkey}, {"--tls-cert", g.tlsCert}, {"--tls-key", g.tlsKey}, {"--tls-ca", g.tlsCA},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return usageErrorf("%s: %v", f.flag, err)
 		}
 	}
 	return nil
@@ -172,26 +263,40 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		Long:          rootLong,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRunE: func(*cobra.Command, []string) error {
+		Version:       buildinfo.Read().String(),
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := g.resolve(cmd.Flags()); err != nil {
+				return err
+			}
 			return g.validate()
 		},
 	}
+	root.SetVersionTemplate("meshctl {{.Version}}\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 
-	defServer := os.Getenv("NATS_URL")
-	if defServer == "" {
-		defServer = "nats://127.0.0.1:4222"
-	}
 	pf := root.PersistentFlags()
-	pf.StringVarP(&g.server, "server", "s", defServer, "NATS server URL(s), comma separated; the default is NATS_URL if set")
+	pf.StringVarP(&g.server, "server", "s", defaultServer, "NATS server URL(s), comma separated")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.StringVar(&g.prefix, "prefix", string(subjects.DefaultPrefix), "subject prefix of the mesh")
 	pf.DurationVar(&g.timeout, "timeout", 15*time.Second, "how long to wait for an answer (covers the mesh's ≈10 s retry ladder)")
+	pf.StringVar(&g.context, "context", "", "nats CLI context to connect with (~/.config/nats/context/NAME.json); default: the selected one, if any")
 	pf.StringVar(&g.creds, "creds", "", "NATS user credentials file")
+	pf.StringVar(&g.nkey, "nkey", "", "NATS nkey seed file")
 	pf.StringVar(&g.user, "user", "", "NATS user name")
 	pf.StringVar(&g.password, "password", "", "NATS password")
+	pf.StringVar(&g.tlsCert, "tls-cert", "", "TLS client certificate file")
+	pf.StringVar(&g.tlsKey, "tls-key", "", "TLS client key file")
+	pf.StringVar(&g.tlsCA, "tls-ca", "", "TLS CA file to verify the NATS servers")
+	g.env = envflag.New(pf)
+	for flag, keys := range map[string][]string{
+		"server": {"NATS_URL"}, "context": {"NATS_CONTEXT"}, "creds": {"NATS_CREDS"}, "nkey": {"NATS_NKEY"},
+		"user": {"NATS_USER"}, "password": {"NATS_PASSWORD"}, "tls-cert": {"NATS_CERT"}, "tls-key": {"NATS_KEY"}, "tls-ca": {"NATS_CA"},
+		"output": {"MESHCTL_OUTPUT"}, "prefix": {"MESHCTL_PREFIX"}, "timeout": {"MESHCTL_TIMEOUT"},
+	} {
+		g.env.Bind(flag, keys...)
+	}
 
 	root.AddCommand(
 		newNodesCmd(g),
