@@ -284,7 +284,11 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 				c.cfg.Resolver.Invalidate(d.To, node)
 			}
 		}
-		err = fmt.Errorf("mesh: deliver %s to %s (attempt %d, node %s): %w", d.ID, d.To, attempt, node, err)
+		if node.IsZero() {
+			err = fmt.Errorf("mesh: deliver %s to %s (attempt %d): %w", d.ID, d.To, attempt, err)
+		} else {
+			err = fmt.Errorf("mesh: deliver %s to %s (attempt %d, node %s): %w", d.ID, d.To, attempt, node, err)
+		}
 		if !verdict.IsResendable(err) || attempt > p.MaxRetries {
 			return Receipt{ID: d.ID, Node: node, Attempts: attempt}, err
 		}

@@ -22,8 +22,10 @@ const (
 
 // Encode writes the verdict for err into h: Accepted when err is nil (with
 // node, the accepting node, if not empty), else [Classify](err), the reason
-// and node of the first *[Error] in the graph, and err's text. It replaces any
-// verdict headers already in h.
+// and node of the first *[Error] in the graph, and that error's message (the
+// fact said once: no verdict name, node or wrapping; err's text when the
+// graph holds no *Error with a message). It replaces any verdict headers
+// already in h.
 func Encode(h nats.Header, err error, node string) {
 	h.Del(HeaderReason)
 	h.Del(HeaderMessage)
@@ -36,11 +38,7 @@ func Encode(h nats.Header, err error, node string) {
 		return
 	}
 	h.Set(HeaderVerdict, Classify(err).String())
-	msg := err.Error()
-	if e, ok := err.(*Error); ok && e.Message != "" && e.Err == nil {
-		msg = e.Message
-	}
-	h.Set(HeaderMessage, msg)
+	h.Set(HeaderMessage, wireMessage(err))
 	r := ReasonOf(err)
 	if r != ReasonUnknown {
 		h.Set(HeaderReason, r.String())
@@ -52,6 +50,21 @@ func Encode(h nats.Header, err error, node string) {
 	if node != "" {
 		h.Set(HeaderNode, node)
 	}
+}
+
+// wireMessage is the detail of err for Mesh-Message: the message (and local
+// cause) of the first *Error in the graph — the fact, said once, without the
+// verdict name, the node (Mesh-Verdict and Mesh-Node carry them) or the
+// sender's wrapping — else err's text.
+func wireMessage(err error) string {
+	var e *Error
+	if !errors.As(err, &e) || e.Message == "" {
+		return err.Error()
+	}
+	if e.Err != nil {
+		return e.Message + ": " + e.Err.Error()
+	}
+	return e.Message
 }
 
 // Decode reads a verdict from reply headers. It returns the accepting node and

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -36,20 +37,25 @@ type benchFlags struct {
 
 // benchResult is one run of the bench: mesh deliveries or raw requests.
 type benchResult struct {
-	Target         string         `json:"target"`
-	Node           string         `json:"node,omitempty"`
-	Deliveries     int            `json:"deliveries"`
-	Concurrency    int            `json:"concurrency"`
-	Size           int            `json:"size"`
-	ElapsedSeconds float64        `json:"elapsed_seconds"`
-	PerSecond      float64        `json:"per_second"`
-	P50Ms          float64        `json:"p50_ms"`
-	P90Ms          float64        `json:"p90_ms"`
-	P99Ms          float64        `json:"p99_ms"`
-	MaxMs          float64        `json:"max_ms"`
-	Verdicts       map[string]int `json:"verdicts"`
-	Timeouts       int            `json:"timeouts"`
-	PeakInFlight   int            `json:"peak_legs_in_flight,omitempty"`
+	Target         string  `json:"target"`
+	Node           string  `json:"node,omitempty"`
+	Deliveries     int     `json:"deliveries"`
+	Concurrency    int     `json:"concurrency"`
+	Size           int     `json:"size"`
+	ElapsedSeconds float64 `json:"elapsed_seconds"`
+	PerSecond      float64 `json:"per_second"`
+	P50Ms          float64 `json:"p50_ms"`
+	P90Ms          float64 `json:"p90_ms"`
+	P99Ms          float64 `json:"p99_ms"`
+	MaxMs          float64 `json:"max_ms"`
+	// Verdicts counts the deliveries by verdict and reason:
+	// "Accepted", "ShuttingDown/no-responders", "Failed/timeout", ...
+	Verdicts map[string]int `json:"verdicts"`
+	Timeouts int            `json:"timeouts"`
+	// Unfinished deliveries were in flight when the run stopped: no
+	// verdict, outcome unknown.
+	Unfinished   int `json:"unfinished,omitempty"`
+	PeakInFlight int `json:"peak_legs_in_flight,omitempty"`
 	// Aborted says why the run stopped before all deliveries (too many
 	// failures: the target is gone or refusing).
 	Aborted string `json:"aborted,omitempty"`
@@ -76,21 +82,26 @@ func newBenchCmd(g *globals) *cobra.Command {
 		Short: "Measure delivery throughput and latency",
 		Long: `Send -n deliveries to --to over -c concurrent lanes (lane i is the stream
 "bench-<i>": deliveries on one lane are sequential, lanes run concurrently)
-with a mesh client that targets one node directly, and print deliveries per
-second, p50/p90/p99 latency and the verdict counts.
+with a mesh client that sends straight to one node, and print deliveries per
+second, p50/p90/p99 latency and the verdicts by reason.
 
-The target node is --node (a node name), else the first node (by name) that
-hosts the kind of --to. The client caps legs in flight at 256, as any mesh
-client does by default.
+The target node is the node named --node if given (it must own --to, else
+every delivery is refused not-owner); else the owner of --to, found by one
+warm-up delivery through the ingress (which activates --to there); else the
+first node (by name) that hosts the kind of --to. The client caps legs in
+flight at 256, as any mesh client does by default, and does not retry: a
+refusal is counted under its verdict and reason.
 
 --baseline also runs the same shape (-n requests, -c concurrent requesters,
 the same payload) as plain NATS requests to a responder inside meshctl that
 answers at once, and prints the ratios mesh/raw: what the mesh costs over
 bare request/reply on this server.
 
-A progress bar is drawn on stderr when it is a terminal. Any delivery that is
-not Accepted makes the exit code 3 (4 if all of those timed out); the results
-are printed either way.`,
+Progress: a bar on stderr when it is a terminal, else a line on stderr each
+second. The target's control endpoint is pinged every 500 ms: a target that
+stops answering (gone, or frozen for 1.5 s) stops the run, and the results
+measured so far are printed, as they are after Ctrl-C. Any delivery that is
+not Accepted makes the exit code 3 (4 if all of those timed out).`,
 		Example: `  meshctl bench
   meshctl bench -n 50000 -c 64 --size 1024 --baseline -o json`,
 		Args: cobra.NoArgs,
@@ -101,7 +112,7 @@ are printed either way.`,
 	fl.IntVarP(&f.n, "count", "n", 10000, "number of deliveries")
 	fl.IntVarP(&f.c, "concurrency", "c", 16, "concurrent lanes (streams bench-0 .. bench-<c-1>)")
 	fl.IntVar(&f.size, "size", 128, "payload size in bytes")
-	fl.StringVar(&f.node, "node", "", "deliver straight to this node (it must own --to, else every delivery is refused); default: the owner found through the ingress")
+	fl.StringVar(&f.node, "node", "", "deliver straight to the node of this name (it must own --to, else every delivery is refused); default: the owner of --to, found through the ingress")
 	fl.BoolVar(&f.baseline, "baseline", false, "also measure plain NATS request/reply of the same shape")
 	return cmd
 }
@@ -146,7 +157,9 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	}
 
 	client, err := mesh.NewClient(mesh.Config{Conn: nc, Resolver: mesh.StaticResolver{Node: target}, Prefix: g.meshPrefix()},
-		mesh.WithLogger(slog.New(slog.DiscardHandler)), mesh.WithLegTimeout(g.timeout))
+		mesh.WithLogger(slog.New(slog.DiscardHandler)), mesh.WithLegTimeout(g.timeout),
+		// One fixed node: a re-send could only go to the same node again.
+		mesh.WithRetry(mesh.RetryPolicy{MaxRetries: -1}))
 	if err != nil {
 		return exitf(exitNoNATS, "mesh client: %v", err)
 	}
@@ -156,12 +169,20 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 		streams[i] = subjects.Stream(fmt.Sprintf("bench-%d", i))
 	}
 	out := benchOutput{}
-	out.Mesh = measure(ctx, g, "mesh", f, func(ctx context.Context, lane int) error {
+	wctx, stopWatch := context.WithCancelCause(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		watchTarget(wctx, g, nc, target, stopWatch)
+	}()
+	out.Mesh = measure(wctx, g, "mesh", f, func(ctx context.Context, lane int) error {
 		ctx, cancel := context.WithTimeout(ctx, g.timeout)
 		defer cancel()
 		_, err := client.Deliver(ctx, mesh.Delivery{To: addr, Stream: streams[lane], Payload: payload})
 		return err
 	})
+	stopWatch(nil)
+	<-watchDone
 	out.Mesh.Target, out.Mesh.Node = string(addr), target.String()
 	out.Mesh.PeakInFlight = client.Saturation().PeakInFlight
 	if ctx.Err() != nil || out.Mesh.Aborted != "" {
@@ -237,6 +258,68 @@ func benchTarget(ctx context.Context, g *globals, nc *nats.Conn, addr subjects.A
 	return subjects.NodeID{}, exitf(exitVerdict, "no live node hosts kind %q of %s (nodes: %s)", addr.Kind(), addr, orDash(strings.Join(kinds, " ")))
 }
 
+// Target watch: the bench pings its target's control endpoint every
+// watchEvery; watchMisses pings in a row without its answer stop the run.
+const (
+	watchEvery  = 500 * time.Millisecond
+	watchMisses = 3
+)
+
+// errTargetGone is the cause a run stops with when its target went away.
+type errTargetGone struct{ why string }
+
+func (e errTargetGone) Error() string { return e.why }
+
+// watchTarget pings target's control endpoint until ctx ends and calls stop
+// with errTargetGone once the target generation no longer answers: no
+// responders (its process is gone), another generation answering under its
+// name, or watchMisses pings in a row unanswered (frozen or cut off). A
+// target that serves no control endpoint from the start is not watched.
+func watchTarget(ctx context.Context, g *globals, nc *nats.Conn, target subjects.NodeID, stop context.CancelCauseFunc) {
+	subject := g.controlSubject(target.Name, mesh.ControlPing)
+	misses, answered := 0, false
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	for {
+		msgs, gone, err := gather(ctx, nc, subject, nil, 0, watchEvery)
+		if ctx.Err() != nil {
+			return
+		}
+		self := false
+		for _, m := range msgs {
+			var st mesh.NodeStatus
+			if json.Unmarshal(m.Data, &st) == nil && st.Node == target.String() {
+				self = true
+			}
+		}
+		switch {
+		case self:
+			misses, answered = 0, true
+		case !answered && gone:
+			return // no control endpoint: nothing to watch
+		case gone:
+			stop(errTargetGone{fmt.Sprintf("target node %s is gone (no responders on its control subject)", target)})
+			return
+		case len(msgs) > 0:
+			stop(errTargetGone{fmt.Sprintf("target node %s is gone (another generation of %s answers)", target, target.Name)})
+			return
+		case err != nil:
+			stop(errTargetGone{fmt.Sprintf("watching target node %s: %v", target, err)})
+			return
+		default:
+			if misses++; misses >= watchMisses {
+				stop(errTargetGone{fmt.Sprintf("target node %s did not answer its control ping for %v", target, watchMisses*watchEvery)})
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // benchRaw runs the baseline: plain requests to a responder on its own
 // connection that answers Accepted at once.
 func benchRaw(ctx context.Context, g *globals, nc *nats.Conn, f benchFlags, payload []byte) (*benchResult, error) {
@@ -281,15 +364,16 @@ func measure(ctx context.Context, g *globals, name string, f benchFlags, op func
 		timeouts int
 	}
 	lanes := make([]laneResult, f.c)
-	var done, failed, inARow atomic.Int64
+	var done, accepted, failed, inARow, unfinished atomic.Int64
 	// A run whose target went away would otherwise sit in the retry
 	// ladder for every remaining delivery: stop after a run of failures
 	// with no success among them.
 	maxInARow := int64(max(20, 2*f.c))
+	outer := ctx
 	ctx, abort := context.WithCancel(ctx)
 	defer abort()
 	var aborted atomic.Bool
-	stopBar := progress(g.stderr, name, f.n, &done)
+	stopBar := progress(g.stderr, name, f.n, &done, &accepted)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i := range lanes {
@@ -307,12 +391,20 @@ func measure(ctx context.Context, g *globals, name string, f benchFlags, op func
 				}
 				t0 := time.Now()
 				err := op(ctx, i)
+				if err != nil && ctx.Err() != nil {
+					// Cut short by the stop (or Ctrl-C): no verdict.
+					unfinished.Add(1)
+					return
+				}
 				lr.lat = append(lr.lat, time.Since(t0))
-				lr.verdicts[verdict.Classify(err).String()]++
-				if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+				lr.verdicts[tallyKey(err)]++
+				if isTimeout(err) {
 					lr.timeouts++
 				}
 				done.Add(1)
+				if err == nil {
+					accepted.Add(1)
+				}
 				if err == nil {
 					inARow.Store(0)
 				} else if failed.Add(1); inARow.Add(1) >= maxInARow && aborted.CompareAndSwap(false, true) {
@@ -326,9 +418,14 @@ func measure(ctx context.Context, g *globals, name string, f benchFlags, op func
 	stopBar()
 
 	r := &benchResult{Concurrency: f.c, Size: f.size, Verdicts: map[string]int{}, elapsed: elapsed}
-	if aborted.Load() {
+	var gone errTargetGone
+	switch {
+	case errors.As(context.Cause(outer), &gone):
+		r.Aborted = gone.why
+	case aborted.Load():
 		r.Aborted = fmt.Sprintf("stopped after %d failures in a row (%d in all)", inARow.Load(), failed.Load())
 	}
+	r.Unfinished = int(unfinished.Load())
 	var lat []time.Duration
 	for _, lr := range lanes {
 		lat = append(lat, lr.lat...)
@@ -350,6 +447,32 @@ func measure(ctx context.Context, g *globals, name string, f benchFlags, op func
 	toMs := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs = toMs(r.p50), toMs(r.p90), toMs(r.p99), toMs(r.max)
 	return r
+}
+
+// tallyKey is the verdict and reason of a delivery's outcome, e.g.
+// "Accepted", "Failed/timeout", "ShuttingDown/no-responders".
+func tallyKey(err error) string {
+	v := verdict.Classify(err).String()
+	if err == nil {
+		return v
+	}
+	switch r := verdict.ReasonOf(err); {
+	case r != verdict.ReasonUnknown:
+		return v + "/" + r.String()
+	case isTimeout(err):
+		return v + "/timeout"
+	case errors.Is(err, nats.ErrNoResponders):
+		return v + "/no-responders"
+	case errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionClosed):
+		return v + "/disconnected"
+	case errors.Is(err, context.Canceled):
+		return v + "/cancelled"
+	}
+	return v
+}
+
+func isTimeout(err error) bool {
+	return err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
 }
 
 // percentile returns the nearest-rank p-quantile of sorted.
@@ -374,11 +497,11 @@ func isTerminal(w io.Writer) bool {
 	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }
 
-// progress draws a bar of done/total on w when w is a terminal, until the
-// returned stop is called; elsewhere it draws nothing.
-func progress(w io.Writer, name string, total int, done *atomic.Int64) (stop func()) {
+// progress draws a bar of done/total on w when w is a terminal, else writes
+// a progress line each second, until the returned stop is called.
+func progress(w io.Writer, name string, total int, done, accepted *atomic.Int64) (stop func()) {
 	if !isTerminal(w) {
-		return func() {}
+		return progressLines(w, name, total, done, accepted)
 	}
 	bar := progressbar.NewOptions(total,
 		progressbar.OptionSetWriter(w),
@@ -414,12 +537,44 @@ func progress(w io.Writer, name string, total int, done *atomic.Int64) (stop fun
 	}
 }
 
+// progressLines writes "bench <name>: <done>/<total> deliveries, <n>
+// accepted, <rate>/s" to w every second until stop is called.
+func progressLines(w io.Writer, name string, total int, done, accepted *atomic.Int64) (stop func()) {
+	quit := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		start, last, lastAt := time.Now(), int64(0), time.Now()
+		for {
+			select {
+			case now := <-t.C:
+				d := done.Load()
+				rate := float64(d-last) / now.Sub(lastAt).Seconds()
+				fmt.Fprintf(w, "bench %s: %d/%d deliveries, %d accepted, %.0f/s, %v\n", name, d, total, accepted.Load(), rate, now.Sub(start).Round(time.Second))
+				last, lastAt = d, now
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-finished
+	}
+}
+
 func printBench(g *globals, f benchFlags, out benchOutput) error {
 	if g.json() {
 		return writeJSON(g.stdout, out)
 	}
 	w := g.stdout
-	fmt.Fprintf(w, "%d deliveries of %d bytes to %s on node %s over %d lanes\n\n", f.n, f.size, out.Mesh.Target, out.Mesh.Node, out.Mesh.Concurrency)
+	count := fmt.Sprint(f.n)
+	if out.Mesh.Deliveries < f.n {
+		count = fmt.Sprintf("%d of %d", out.Mesh.Deliveries, f.n)
+	}
+	fmt.Fprintf(w, "%s deliveries of %d bytes to %s on node %s over %d lanes\n\n", count, f.size, out.Mesh.Target, out.Mesh.Node, out.Mesh.Concurrency)
 	t := newTable(w, "RUN", "DELIVERIES", "ELAPSED", "PER SECOND", "P50", "P90", "P99", "MAX", "VERDICTS")
 	rows := []struct {
 		name string
@@ -438,7 +593,10 @@ func printBench(g *globals, f benchFlags, out benchOutput) error {
 	}
 	fmt.Fprintf(w, "\npeak legs in flight (mesh client): %d\n", out.Mesh.PeakInFlight)
 	if out.Mesh.Aborted != "" {
-		fmt.Fprintf(w, "run aborted: %s (is the target node still serving?)\n", out.Mesh.Aborted)
+		fmt.Fprintf(w, "run aborted: %s; the results above are what was measured until then\n", out.Mesh.Aborted)
+	}
+	if out.Mesh.Unfinished > 0 {
+		fmt.Fprintf(w, "%d deliveries were in flight when the run stopped (no verdict: outcome unknown)\n", out.Mesh.Unfinished)
 	}
 	if out.Ratio != nil {
 		_, err := fmt.Fprintf(w, "ratio mesh/raw: throughput %.2fx, p50 latency %.2fx\n", out.Ratio.Throughput, out.Ratio.P50)
@@ -466,11 +624,7 @@ func verdictCounts(r *benchResult) string {
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%s=%d", k, r.Verdicts[k])
 	}
-	s := strings.Join(parts, " ")
-	if r.Timeouts > 0 {
-		s += fmt.Sprintf(" (timeouts=%d)", r.Timeouts)
-	}
-	return s
+	return strings.Join(parts, " ")
 }
 
 // benchFailures returns the exit error for deliveries not Accepted.
@@ -491,6 +645,10 @@ func benchFailures(out benchOutput) error {
 		failed += bad
 		timeouts += x.r.Timeouts
 		msgs = append(msgs, fmt.Sprintf("%d of %d %s deliveries not accepted (%s)", bad, x.r.Deliveries, x.name, verdictCounts(x.r)))
+	}
+	if out.Mesh.Aborted != "" {
+		msgs = append([]string{"run aborted: " + out.Mesh.Aborted}, msgs...)
+		return exitf(exitVerdict, "bench: %s", strings.Join(msgs, "; "))
 	}
 	if failed == 0 {
 		return nil

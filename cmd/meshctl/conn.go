@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -170,7 +171,8 @@ func (g *globals) discover(ctx context.Context, nc *nats.Conn) ([]discovered, er
 		if json.Unmarshal(m.Data, &info) != nil || info.Name != mesh.ServiceName {
 			continue
 		}
-		if info.Metadata[mesh.MetaPrefix] != g.prefix {
+		if p := info.Metadata[mesh.MetaPrefix]; p != g.prefix {
+			g.otherPrefixes = append(g.otherPrefixes, p)
 			continue
 		}
 		id, err := subjects.ParseNodeID(info.Metadata[mesh.MetaNode])
@@ -182,6 +184,17 @@ func (g *globals) discover(ctx context.Context, nc *nats.Conn) ([]discovered, er
 	}
 	slices.SortFunc(out, func(a, b discovered) int { return compareNodes(a.Node, b.Node) })
 	return out, nil
+}
+
+// noNodes is the error for a discovery that found no node of --prefix: exit
+// 3, naming the prefixes that other nodes serve, if any.
+func (g *globals) noNodes() error {
+	msg := fmt.Sprintf("no natsmesh node answered on prefix %s at %s", g.prefix, g.server)
+	if len(g.otherPrefixes) > 0 {
+		ps := slices.Compact(slices.Sorted(slices.Values(g.otherPrefixes)))
+		msg += fmt.Sprintf(" (nodes serve other prefixes: %s; see --prefix)", strings.Join(ps, ", "))
+	}
+	return exitf(exitVerdict, "%s", msg)
 }
 
 // compareNodes orders "name.gen" strings by name, then numeric generation.

@@ -153,6 +153,8 @@ type globals struct {
 	inboxPrefix string
 	tlsFirst    bool
 
+	otherPrefixes []string // found by discover: nodes of other meshes
+
 	env            *envflag.Set
 	stdout, stderr io.Writer
 }

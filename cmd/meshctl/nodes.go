@@ -17,7 +17,8 @@ import (
 
 // withNodes connects, discovers the nodes of the prefix and asks each for
 // verb; the answers are printed by print even when some node failed, and the
-// failure is returned after.
+// failure is returned after. No node at all is exit 3 (with -o json, after
+// printing []).
 func withNodes[T any](cmd *cobra.Command, g *globals, verb string, sortKey func(T) string, print func([]T) error) error {
 	nc, err := g.connect("meshctl " + cmd.Name())
 	if err != nil {
@@ -27,6 +28,12 @@ func withNodes[T any](cmd *cobra.Command, g *globals, verb string, sortKey func(
 	nodes, err := g.discover(cmd.Context(), nc)
 	if err != nil {
 		return err
+	}
+	if len(nodes) == 0 {
+		if g.json() {
+			_ = writeJSON(g.stdout, []T{}) // still valid JSON for a pipe
+		}
+		return g.noNodes()
 	}
 	vals, cerr := control[T](cmd.Context(), g, nc, nodes, verb)
 	slices.SortFunc(vals, func(a, b T) int { return compareNodes(sortKey(a), sortKey(b)) })
@@ -45,7 +52,7 @@ func newNodesCmd(g *globals) *cobra.Command {
 		Short: "List the mesh's nodes",
 		Long: `List the nodes of the mesh (of --prefix): discovered as the NATS micro service
 "natsmesh", then each asked for its status on <prefix>.ctl.<name>.ping.
--o json prints an array of NodeStatus.`,
+-o json prints an array of NodeStatus. No node answering exits 3.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withNodes(cmd, g, mesh.ControlPing, func(s mesh.NodeStatus) string { return s.Node },
@@ -99,7 +106,8 @@ func newHubsCmd(g *globals) *cobra.Command {
 		Short: "List each node's hub kinds and activations",
 		Long: `List each node's hub kinds and live activations (its HubsReport, from
 <prefix>.ctl.<name>.hubs). The table shows the first addresses; -o json prints
-an array of HubsReport with up to 1000 addresses per node.`,
+an array of HubsReport with up to 1000 addresses per node. No node answering
+exits 3.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withNodes(cmd, g, mesh.ControlHubs, func(r mesh.HubsReport) string { return r.Node },
@@ -135,7 +143,8 @@ saturation report, the hub host's counters and the client's counters.
 -o json prints an array of NodeStatus.
 
 Saturation tells breadth from head-of-line blocking: many lanes and
-destinations with shallow depth is breadth; one deep lane is a blocked lane.`,
+destinations with shallow depth is breadth; one deep lane is a blocked lane.
+No node answering exits 3.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withNodes(cmd, g, mesh.ControlStats, func(s mesh.NodeStatus) string { return s.Node },

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
@@ -16,6 +17,7 @@ import (
 // newSendCmd builds `send` (request false) or `request` (request true).
 func newSendCmd(g *globals, request bool) *cobra.Command {
 	var stream, typ, id string
+	var raw bool
 	cmd := &cobra.Command{
 		Use:   "send ADDR [DATA|-]",
 		Short: "Deliver a message to an address through the ingress",
@@ -34,8 +36,10 @@ delivery: re-send it only under the same --id.`,
 		cmd.Short = "Send a request to an address and print the handler's response"
 		cmd.Long = `Send DATA (or standard input for "-", or nothing) to the hub at ADDR
 ("kind/id") through the mesh ingress as a request, wait for the handler's
-response and print it: its raw bytes in table output, or a JSON object with
--o json (payload as a string if it is UTF-8, else payload_base64).
+response and print it: its bytes exactly in table output (on a terminal a
+newline is added after a response that does not end with one, unless
+--raw; into a pipe or a file never), or a JSON object with -o json (payload
+as a string if it is UTF-8, else payload_base64).
 
 A failure verdict exits 3; a timeout exits 4, and the handler may or may not
 have run.`
@@ -46,6 +50,9 @@ have run.`
 	f.StringVar(&stream, "stream", "", "stream inside the address (ordering lane); empty is the address-wide lane")
 	f.StringVar(&typ, "type", "", "delivery type (Mesh-Type header)")
 	f.StringVar(&id, "id", "", "delivery ID (Mesh-Id header); empty means a fresh NUID")
+	if request {
+		f.BoolVar(&raw, "raw", false, "print the response's bytes exactly, with no newline added on a terminal")
+	}
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		addr, err := subjects.ParseAddress(args[0])
 		if err != nil {
@@ -67,9 +74,18 @@ have run.`
 				if lim <= 0 {
 					lim = 64 << 20
 				}
-				d.Payload, err = io.ReadAll(io.LimitReader(cmd.InOrStdin(), lim+1))
+				in := cmd.InOrStdin()
+				d.Payload, err = io.ReadAll(io.LimitReader(in, lim+1))
 				if err != nil {
 					return usageErrorf("read standard input: %v", err)
+				}
+				if int64(len(d.Payload)) > lim {
+					// Count the rest, to report the true size.
+					rest, err := io.Copy(io.Discard, in)
+					if err != nil {
+						return usageErrorf("read standard input: %v", err)
+					}
+					return usageErrorf("payload of %d bytes is over the server's max_payload of %d bytes (delivery %s was not sent)", int64(len(d.Payload))+rest, lim, d.ID)
 				}
 			} else {
 				d.Payload = []byte(args[1])
@@ -87,7 +103,7 @@ have run.`
 			}
 			return exitf(exitVerdict, "%s", describeVerdict(a))
 		}
-		return printAccepted(g, a, request)
+		return printAccepted(g, a, request, raw)
 	}
 	return cmd
 }
@@ -123,8 +139,9 @@ func describeVerdict(a ingressAnswer) string {
 	if r := verdict.ReasonOf(a.Err); r != verdict.ReasonUnknown {
 		s += " (" + r.String() + ")"
 	}
-	s += ": " + verdictMessage(a.Err)
-	if a.Node != "" {
+	msg := verdictMessage(a.Err)
+	s += ": " + msg
+	if a.Node != "" && !strings.Contains(msg, a.Node) {
 		s += " [node " + a.Node + "]"
 	}
 	s += fmt.Sprintf(" [id %s]", a.ID)
@@ -158,7 +175,7 @@ func verdictJSON(a ingressAnswer) verdictOut {
 	return v
 }
 
-func printAccepted(g *globals, a ingressAnswer, request bool) error {
+func printAccepted(g *globals, a ingressAnswer, request, raw bool) error {
 	var err error
 	switch {
 	case g.json():
@@ -174,10 +191,10 @@ func printAccepted(g *globals, a ingressAnswer, request bool) error {
 		}
 		err = writeJSON(g.stdout, v)
 	case request:
-		// The response as it is, ended by a newline for the terminal
-		// (like nats req); -o json gives the exact bytes.
+		// The response byte for byte; on a terminal, unless --raw, ended
+		// by a newline so that the prompt starts on its own line.
 		_, err = g.stdout.Write(a.Payload)
-		if err == nil && (len(a.Payload) == 0 || a.Payload[len(a.Payload)-1] != '\n') {
+		if err == nil && !raw && isTerminal(g.stdout) && (len(a.Payload) == 0 || a.Payload[len(a.Payload)-1] != '\n') {
 			_, err = g.stdout.Write([]byte{'\n'})
 		}
 	default:
