@@ -45,6 +45,7 @@ type collector struct {
 	deliveries, retries, legs, peakLegs, lanes, destinations, deepest, episodes *prometheus.Desc
 	accepted, dedupe, refused, handled, late, activations, queued, deactivated  *prometheus.Desc
 	ingress, breaker                                                            *prometheus.Desc
+	forged                                                                      *prometheus.Desc
 }
 
 func newCollector(n *mesh.Node) *collector {
@@ -71,6 +72,7 @@ func newCollector(n *mesh.Node) *collector {
 		deactivated:  d("deactivations_total", "Activations collected or closed."),
 		ingress:      d("ingress_total", "Messages taken from the ingress."),
 		breaker:      d("hub_breaker_refusals_total", "Deliveries refused Ignored by the storm breaker."),
+		forged:       d("forged_answers_total", "Late verdicts and responses dropped: not from the node generation that accepted the delivery (SECURITY.md)."),
 	}
 }
 
@@ -109,4 +111,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.deactivated, s.Host.Deactivated)
 	counter(c.ingress, s.Ingress)
 	counter(c.breaker, s.Host.BreakerRefusals)
+	counter(c.forged, s.Client.ForgedAnswers)
 }

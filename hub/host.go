@@ -170,6 +170,7 @@ type Host struct {
 	// acceptedHdr is the constant header of every Accepted reply; it is
 	// shared read-only (nats.go only reads a header when publishing).
 	acceptedHdr nats.Header
+	answerKey   string // this generation's answer key (answer.go)
 	log         *slog.Logger
 	dedupe      *dedupe
 	breaker     *breaker // nil: off
@@ -201,14 +202,17 @@ func New(cfg Config) (*Host, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	answerKey := newAnswerKey()
 	acceptedHdr := nats.Header{}
 	verdict.Encode(acceptedHdr, nil, cfg.Node.String())
+	acceptedHdr.Set(HeaderAnswerKey, answerKey)
 	var br *breaker
 	if cfg.BreakerRate > 0 {
 		br = newBreaker(cfg.BreakerRate, time.Now)
 	}
 	return &Host{
 		acceptedHdr: acceptedHdr,
+		answerKey:   answerKey,
 		ansPrefix:   cfg.Prefix.Sub(AnswerToken + "."),
 		cfg:         cfg,
 		nodeID:      cfg.Node.String(),
@@ -403,6 +407,11 @@ func (h *Host) parse(m *nats.Msg) (*entry, error) {
 		e.Attempt = n
 	}
 	e.answerTo = hdr.Get(HeaderAnswerTo)
+	if e.answerTo != "" && !h.answerSubject(e.answerTo) {
+		// DESIGN §5: never publish a response or late verdict outside the
+		// answer subjects (a control subject, the registry's KV subject).
+		return nil, verdict.New(verdict.ReasonBadRequest, "header %s: %q is not a subject under %s", HeaderAnswerTo, e.answerTo, h.ansPrefix)
+	}
 	if e.Sender = hdr.Get(HeaderSender); e.Sender == "" {
 		e.Sender = h.senderOf(e.answerTo)
 	}
@@ -413,6 +422,30 @@ func (h *Host) parse(m *nats.Msg) (*entry, error) {
 	e.Payload = m.Data
 	return e, nil
 }
+
+// answerSubject reports whether s is a literal subject under
+// <prefix>.ans.: non-empty tokens without wildcards, spaces or control
+// characters.
+func (h *Host) answerSubject(s string) bool {
+	rest, ok := strings.CutPrefix(s, h.ansPrefix)
+	if !ok || rest == "" || len(s) > maxAnswerSubjectLen {
+		return false
+	}
+	for tok := range strings.SplitSeq(rest, ".") {
+		if tok == "" || tok == "*" || tok == ">" {
+			return false
+		}
+		for i := 0; i < len(tok); i++ {
+			if c := tok[i]; c <= ' ' || c == 0x7f {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// maxAnswerSubjectLen bounds an answer subject (bytes).
+const maxAnswerSubjectLen = 512
 
 // senderOf derives a mesh sender's identity "name.gen" from its answer
 // subject <prefix>.ans.<name>.<gen>, or returns "".
@@ -536,6 +569,7 @@ func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte) error 
 	msg := &nats.Msg{Subject: to, Header: nats.Header{}, Data: payload}
 	msg.Header.Set(HeaderID, id)
 	msg.Header.Set(HeaderAnswer, kind)
+	msg.Header.Set(HeaderAnswerToken, AnswerTokenOf(h.answerKey, id))
 	verdict.Encode(msg.Header, err, h.nodeID)
 	return h.cfg.Conn.PublishMsg(msg)
 }

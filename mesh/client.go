@@ -76,6 +76,9 @@ type Client struct {
 	closeOnce  sync.Once
 	calls      sync.WaitGroup
 
+	keys   answerKeys   // answer keys of accepting generations (answers.go)
+	forged atomic.Int64 // answers dropped by the binding
+
 	retries, accepted, failed atomic.Int64
 	byVerdict                 [5]atomic.Int64 // deliveries ended, by verdict.ErrorType
 }
@@ -379,6 +382,9 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, node 
 		return err
 	}
 	_, err = verdict.Decode(reply.Header)
+	if err == nil {
+		c.keys.learn(node, reply)
+	}
 	return err
 }
 
@@ -420,11 +426,15 @@ type ClientStats struct {
 	// ByVerdict counts ended deliveries by verdict name ("Accepted",
 	// "Failed", "ShuttingDown", "Unavailable", "Ignored").
 	ByVerdict map[string]int64 `json:"by_verdict"`
+	// ForgedAnswers counts late verdicts and responses dropped because
+	// they did not carry the token of the generation that accepted the
+	// delivery (DESIGN §5): forgeries, or answers of another generation.
+	ForgedAnswers int64 `json:"forged_answers"`
 }
 
 // Stats returns the client's counters.
 func (c *Client) Stats() ClientStats {
-	s := ClientStats{Accepted: c.accepted.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), ByVerdict: map[string]int64{}}
+	s := ClientStats{Accepted: c.accepted.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), ByVerdict: map[string]int64{}, ForgedAnswers: c.forged.Load()}
 	for t := range c.byVerdict {
 		s.ByVerdict[verdict.ErrorType(t).String()] = c.byVerdict[t].Load()
 	}

@@ -25,8 +25,9 @@ type answer struct {
 // pendingRequest is a Request awaiting its response; node is set once a
 // node accepted it, so the owner's departure fails it at once.
 type pendingRequest struct {
-	ch   chan answer
-	node subjects.NodeID
+	ch    chan answer
+	node  subjects.NodeID
+	early []*nats.Msg // answers that overtook the acceptance (answers.go)
 }
 
 // Request delivers d, then waits for the handler's response, correlated by
@@ -72,7 +73,12 @@ func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
 	}
 	c.pendingMu.Lock()
 	p.node = r.Node
+	early := p.early
+	p.early = nil
 	c.pendingMu.Unlock()
+	for _, m := range early {
+		c.dispatchAnswer(m)
+	}
 	if c.departed(r.Node) {
 		c.failPending(r.Node, departedError(r.Node, "before its response"))
 	}
@@ -94,6 +100,23 @@ func (c *Client) dispatchAnswer(m *nats.Msg) {
 	kind := m.Header.Get(hub.HeaderAnswer)
 	c.pendingMu.Lock()
 	p, ok := c.pending[id]
+	if ok && p.node.IsZero() {
+		// Not accepted yet as far as this client knows: hold the answer
+		// until the acceptance names the generation it must come from.
+		if len(p.early) < maxEarlyAnswers {
+			p.early = append(p.early, m)
+			c.pendingMu.Unlock()
+			return
+		}
+		c.pendingMu.Unlock()
+		c.forgedAnswer(m, id)
+		return
+	}
+	if ok && !c.genuine(m, id, p.node) {
+		c.pendingMu.Unlock()
+		c.forgedAnswer(m, id)
+		return
+	}
 	if ok {
 		delete(c.pending, id)
 	}
@@ -103,6 +126,11 @@ func (c *Client) dispatchAnswer(m *nats.Msg) {
 		return
 	}
 	if kind == hub.AnswerVerdict && err != nil {
+		node, _ := subjects.ParseNodeID(m.Header.Get(verdict.HeaderNode))
+		if !c.genuine(m, id, node) {
+			c.forgedAnswer(m, id)
+			return
+		}
 		if f := c.opts.onLate; f != nil {
 			f(LateVerdict{ID: id, Err: err})
 		} else {

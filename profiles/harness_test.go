@@ -33,6 +33,11 @@ type secured struct {
 
 const openUser, openPassword = "open", "open-secret"
 
+// snoopUser may publish and subscribe to <prefix>.> but not read the
+// nodes' inbox: it sees every delivery and may publish answers, but never
+// sees an acceptance reply.
+const snoopUser, snoopPassword = "snoop", "snoop-secret"
+
 func newSecured(t *testing.T, extra ...profiles.User) *secured {
 	t.Helper()
 	e := &secured{m: profiles.Mesh{}, keys: map[string]nkeys.KeyPair{}}
@@ -49,6 +54,9 @@ func newSecured(t *testing.T, extra ...profiles.User) *secured {
 	users = append(users, profiles.User{User: openUser, Password: openPassword, Profile: profiles.Permissions{
 		Name: "open (no profile)", Publish: []string{">"}, Subscribe: []string{">"},
 	}})
+	users = append(users, profiles.User{User: snoopUser, Password: snoopPassword, Profile: profiles.Permissions{
+		Name: "snoop", Publish: []string{string(subjects.DefaultPrefix) + ".>"}, Subscribe: []string{string(subjects.DefaultPrefix) + ".>", "_INBOX.>"},
+	}})
 	users = append(users, extra...)
 	conf, err := profiles.AccountsConf(e.m, users)
 	if err != nil {
@@ -62,8 +70,11 @@ func newSecured(t *testing.T, extra ...profiles.User) *secured {
 // password user).
 func (e *secured) auth(t *testing.T, profile string) nats.Option {
 	t.Helper()
-	if profile == openUser {
+	switch profile {
+	case openUser:
 		return nats.UserInfo(openUser, openPassword)
+	case snoopUser:
+		return nats.UserInfo(snoopUser, snoopPassword)
 	}
 	kp := e.keys[profile]
 	if kp == nil {
@@ -131,6 +142,7 @@ type testNode struct {
 	fatal    chan error
 	lates    chan mesh.LateVerdict
 	events   chan membership.Event
+	gate     chan struct{} // kind "gate" handles one delivery per value received
 	handledN func(id string) int
 }
 
@@ -139,7 +151,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func (e *secured) node(t *testing.T, name, profile string, opts ...mesh.Option) *testNode {
 	t.Helper()
 	nc := e.conn(t, profile, nats.Name(membership.ConnNamePrefix+name), nats.CustomInboxPrefix(profiles.NodeInboxPrefix(e.m.Prefix)))
-	tn := &testNode{nc: nc, drains: make(chan struct{}, 8), fatal: make(chan error, 1), lates: make(chan mesh.LateVerdict, 64), events: make(chan membership.Event, 64)}
+	tn := &testNode{nc: nc, drains: make(chan struct{}, 8), fatal: make(chan error, 1), lates: make(chan mesh.LateVerdict, 64), events: make(chan membership.Event, 64), gate: make(chan struct{})}
 	var mu sync.Mutex
 	count := map[string]int{}
 	tn.handledN = func(id string) int { mu.Lock(); defer mu.Unlock(); return count[id] }
@@ -177,6 +189,19 @@ func (e *secured) node(t *testing.T, name, profile string, opts ...mesh.Option) 
 		if err := n.Register(k, handler); err != nil {
 			t.Fatal(err)
 		}
+	}
+	gated := func(ctx context.Context, addr subjects.Address) (hub.Hub, error) {
+		return hub.HandlerFunc(func(ctx context.Context, d *hub.Delivery) error {
+			select {
+			case <-tn.gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return d.Respond([]byte("real:" + string(d.Payload)))
+		}), nil
+	}
+	if err := n.Register("gate", gated); err != nil {
+		t.Fatal(err)
 	}
 	if err := n.Start(); err != nil {
 		t.Fatal(err)
