@@ -337,9 +337,25 @@ func (n *Node) Start() error {
 // ShuttingDown so senders re-resolve elsewhere, settles the accepted ones
 // (handled, or failed late with ShuttingDown once ctx ends), releases its
 // claims, leaves the membership, and closes the client. It does not close
-// the NATS connection, which the caller owns. It returns ctx's error if ctx
-// ended before everything settled. Safe to call more than once.
+// the NATS connection, which the caller owns.
+//
+// Drain is bounded by ctx: it returns by ctx's deadline whatever NATS does
+// (unreachable, reconnecting, a registry without a leader), with ctx's error
+// if ctx ended before everything settled; what is left then (deactivating,
+// leaving the registry) finishes in the background, each step bounded. Safe
+// to call more than once.
 func (n *Node) Drain(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- n.drain(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("mesh: drain cut short by its deadline: %w", ctx.Err())
+	}
+}
+
+func (n *Node) drain(ctx context.Context) error {
 	n.draining.Store(true)
 	n.stopIngress()
 	n.Client.stopNew()
@@ -356,10 +372,15 @@ func (n *Node) Drain(ctx context.Context) error {
 	n.ingressWG.Wait()
 	n.cancel()
 	n.wg.Wait()
+	if cur := n.current(); cur != inc && cur != nil {
+		// A rejoin finished during the drain: that generation never
+		// served what the drain settled; close it.
+		cur.close()
+	}
 	if inc != nil && inc.members != nil {
 		inc.stopEv()
 		inc.dir.Close()
-		lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 		if lerr := inc.members.Leave(lctx); lerr != nil {
 			n.log.Warn("leave membership", "err", lerr)
 		}
@@ -369,6 +390,9 @@ func (n *Node) Drain(ctx context.Context) error {
 	n.stopServing() // the control service reports "draining" until here
 	return err
 }
+
+// leaveTimeout bounds deleting the registry entry at the end of a drain.
+const leaveTimeout = 2 * time.Second
 
 // Close stops the node at once: queued deliveries fail late with
 // ShuttingDown; the registration is left to expire. Safe to call more than
