@@ -31,6 +31,9 @@ func newDepartureMetrics() *departureMetrics {
 }
 
 func (d *departureMetrics) observe(e membership.Event) {
+	if e.Member.Subscriber {
+		return // meshctl subscribe and the like are not mesh nodes
+	}
 	d.events.WithLabelValues(e.Type.String()).Inc()
 	if e.Type.Departed() {
 		d.latency.WithLabelValues(e.Type.String()).Observe(e.Latency.Seconds())

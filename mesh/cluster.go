@@ -71,7 +71,8 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*incarnation, error) {
 		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: n.kindNames(), Version: Version,
 		Heartbeat: mc.Heartbeat, TTL: mc.TTL, FencingDelay: mc.FencingDelay, Replicas: mc.Replicas,
 		AdvisorySubject: mc.AdvisorySubject, Replace: mc.Replace || rejoin, // a rejoin replaces its own fenced generation
-		Logger: n.cfg.Logger,
+		Subscriber: mc.Subscriber,
+		Logger:     n.cfg.Logger,
 		BeforeAnnounce: func(id subjects.NodeID) (func(), error) {
 			h, err := n.newHost(id, claims, fence, await)
 			if err != nil {

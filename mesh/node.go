@@ -88,6 +88,10 @@ type MembershipConfig struct {
 	// of the node's name; without it Start fails with
 	// membership.ErrNameInUse before writing to the registry.
 	Replace bool
+	// Subscriber registers the node as a subscriber (membership.Member's
+	// Subscriber): a process that hosts nothing and only follows sync
+	// streams, shown apart from the mesh's nodes.
+	Subscriber bool
 }
 
 // Node is one mesh process: a hub host that receives deliveries for its node

@@ -78,19 +78,32 @@ func newNodesCmd(g *globals) *cobra.Command {
 
 // membershipState reads a node's registry entry as that node sees it:
 // "standalone" without membership, else "member" or "draining" with the
-// number of live generations it sees and the rejoins it made.
+// number of live node generations it sees (subscribers, such as meshctl
+// subscribe, counted apart) and the rejoins it made.
 func membershipState(s mesh.NodeStatus) string {
 	m := s.Membership
 	if m == nil {
 		return "standalone"
 	}
 	state := "member"
+	nodes, subscribers := 0, 0
 	for _, v := range m.Members {
 		if v.Node.String() == s.Node && v.Draining {
 			state = "draining"
 		}
+		if v.Subscriber {
+			subscribers++
+		} else {
+			nodes++
+		}
 	}
-	out := fmt.Sprintf("%s (sees %d)", state, len(m.Members))
+	out := fmt.Sprintf("%s (sees %d)", state, nodes)
+	if subscribers > 0 {
+		out = fmt.Sprintf("%s (sees %d, +%d subscriber)", state, nodes, subscribers)
+		if subscribers > 1 {
+			out = strings.TrimSuffix(out, ")") + "s)"
+		}
+	}
 	if m.Rejoins > 0 {
 		out += fmt.Sprintf(", rejoined %d×", m.Rejoins)
 	}

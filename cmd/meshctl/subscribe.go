@@ -39,10 +39,12 @@ until Ctrl-C, --count frames, or the subscription is torn down. The first
 frame is the snapshot (the stream's full state), then come the deltas; a new
 owner activation starts a new epoch with a new snapshot.
 
-meshctl joins the mesh for the duration as a node that hosts nothing, named
-meshctl-<random>: the owner reaches the subscriber through the directory, so
-this needs the mesh's membership (JetStream on the NATS account, and nodes
-running with membership on --prefix). It leaves the mesh when it ends.
+meshctl registers for the duration as a subscriber named meshctl-<random>,
+which hosts nothing: the owner reaches the subscriber's address through the
+directory, so this needs the mesh's membership (JetStream on the NATS
+account, and nodes running with membership on --prefix). A subscriber is not
+a mesh node: meshctl nodes counts it apart ("sees 2, +1 subscriber") and the
+nodes' membership metrics leave it out. It leaves when it ends.
 
 Table output is one line per frame:
   epoch=<epoch> version=<version> snapshot|delta <data>
@@ -231,7 +233,7 @@ func (g *globals) meshMembership(ctx context.Context, nc *nats.Conn) (*mesh.Memb
 	if ttl <= 0 {
 		return nil, exitf(exitVerdict, "registry bucket %s has no TTL: not a natsmesh registry", bucket)
 	}
-	return &mesh.MembershipConfig{Heartbeat: min(membership.DefaultHeartbeat, ttl/3), TTL: ttl, Replicas: st.Config().Replicas}, nil
+	return &mesh.MembershipConfig{Heartbeat: min(membership.DefaultHeartbeat, ttl/3), TTL: ttl, Replicas: st.Config().Replicas, Subscriber: true}, nil
 }
 
 // joinMesh starts node: it joins the mesh. Start cannot be interrupted; on

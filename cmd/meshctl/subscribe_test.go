@@ -364,3 +364,23 @@ func TestSubscribeNoAnswer(t *testing.T) {
 		t.Fatalf("stderr %q", r.stderr)
 	}
 }
+
+// TestSubscriberShownApart: a running subscribe registers as a subscriber,
+// which meshctl nodes counts apart from the mesh's nodes.
+func TestSubscriberShownApart(t *testing.T) {
+	s := natstest.RunServer(t)
+	owner := startOwner(t, s, nil)
+	r := start(t, s, "subscribe", "kv/apart")
+	r.waitLines(t, 1)
+	natstest.Eventually(t, 5*time.Second, func() bool { return len(meshctlNodes(owner)) == 1 }, "subscriber not registered")
+	for _, m := range owner.Members().Members() {
+		if want := strings.HasPrefix(m.Node.Name, "meshctl-"); m.Subscriber != want {
+			t.Errorf("member %s: subscriber %v, want %v", m.Node, m.Subscriber, want)
+		}
+	}
+	nodes := meshctl(t, s, "", "nodes")
+	wantCode(t, nodes, 0)
+	if !strings.Contains(nodes.stdout, "member (sees 1, +1 subscriber)") || strings.Contains(nodes.stdout, "meshctl-") {
+		t.Errorf("nodes:\n%s", nodes.stdout)
+	}
+}

@@ -117,6 +117,11 @@ type Member struct {
 	// advisory names.
 	ServerID string `json:"server_id,omitempty"`
 	ClientID uint64 `json:"client_id,omitempty"`
+	// Subscriber: a process that only follows sync streams (meshctl
+	// subscribe). It registers so that owners can reach its address, but
+	// it is not a mesh node: listings show it apart and membership
+	// metrics leave it out.
+	Subscriber bool `json:"subscriber,omitempty"`
 }
 
 // Hosts reports whether the member hosts kind.
@@ -180,6 +185,9 @@ type Config struct {
 	Kinds []string
 	// Version is the software version the node announces.
 	Version string
+	// Subscriber registers the process as a subscriber, not a node
+	// (Member.Subscriber).
+	Subscriber bool
 	// Heartbeat is how often the entry is refreshed (default 1 s).
 	Heartbeat time.Duration
 	// TTL declares a generation gone after this much heartbeat silence
@@ -387,7 +395,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1),
 		ctx: mctx, cancel: cancel, joinedAt: time.Now(),
 	}
-	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC()}
+	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC(), Subscriber: cfg.Subscriber}
 	slices.Sort(m.self.Kinds)
 	if !cfg.Replace {
 		if err := m.checkName(ctx); err != nil {
