@@ -54,9 +54,13 @@ type Subscription struct {
 	closed                       chan struct{}
 	stop                         chan struct{}
 	stopOnce, closeOnce          sync.Once
-	release                      func()
-	unwatch                      func()
 	wg                           sync.WaitGroup
+
+	// The session the subscriber address is armed on (guarded by mu).
+	gen     subjects.NodeID
+	host    *hub.Host
+	release func()
+	unwatch func()
 }
 
 // registry maps subscriber addresses to their subscriptions, for the
@@ -85,14 +89,46 @@ func Subscribe(ctx context.Context, node *mesh.Node, owner subjects.Address, str
 		trigger: make(chan struct{}, 1), closed: make(chan struct{}), stop: make(chan struct{}),
 	}
 	registry.Store(s.self, s)
-	release, err := node.Host().Activate(ctx, s.self)
-	if err != nil {
-		registry.Delete(s.self)
-		return nil, fmt.Errorf("syncstream: activate subscriber %s: %w", s.self, err)
+	if err := s.arm(ctx); err != nil {
+		s.disarm()
+		return nil, err
 	}
-	s.release = release
-	if m := node.Members(); m != nil {
-		s.unwatch = m.OnEvent(func(e membership.Event) {
+	first := make(chan error, 1)
+	s.wg.Add(1)
+	go s.run(first)
+	select {
+	case err := <-first:
+		if err != nil {
+			// A terminal first attempt: nothing of it may stay behind
+			// (the pinned activation, its claim, the watcher).
+			s.wg.Wait()
+			s.disarm()
+			return nil, err
+		}
+		return s, nil
+	case <-ctx.Done():
+		s.Stop()
+		return nil, ctx.Err()
+	}
+}
+
+// arm activates the subscriber address on the node's current session (its
+// host, its generation) and follows that session's membership events. It
+// drops what an earlier session armed.
+func (s *Subscription) arm(ctx context.Context) error {
+	s.unarm()
+	gen := s.node.ID()
+	h := s.node.Host()
+	if h == nil {
+		return verdict.New(verdict.ReasonHubShuttingDown, "node %s has no session", gen)
+	}
+	release, err := h.Activate(ctx, s.self)
+	if err != nil {
+		return fmt.Errorf("syncstream: activate subscriber %s on %s: %w", s.self, gen, err)
+	}
+	var unwatch func()
+	if m := s.node.Members(); m != nil {
+		unwatch = m.OnEvent(func(e membership.Event) {
 			s.mu.Lock()
 			mine := e.Type.Departed() && e.Member.Node == s.ownerNode
 			s.mu.Unlock()
@@ -101,19 +137,42 @@ func Subscribe(ctx context.Context, node *mesh.Node, owner subjects.Address, str
 			}
 		})
 	}
-	first := make(chan error, 1)
-	s.wg.Add(1)
-	go s.run(first)
-	select {
-	case err := <-first:
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
-	case <-ctx.Done():
-		s.Stop()
-		return nil, ctx.Err()
+	s.mu.Lock()
+	s.gen, s.host, s.release, s.unwatch = gen, h, release, unwatch
+	s.mu.Unlock()
+	return nil
+}
+
+// unarm releases what the last arm took: its hold, its activation (so its
+// claim goes at once, not after an idle timeout) and its watcher.
+func (s *Subscription) unarm() {
+	s.mu.Lock()
+	h, release, unwatch := s.host, s.release, s.unwatch
+	s.host, s.release, s.unwatch = nil, nil, nil
+	s.mu.Unlock()
+	if unwatch != nil {
+		unwatch()
 	}
+	if release != nil {
+		release()
+	}
+	if h != nil {
+		h.Deactivate(s.self)
+	}
+}
+
+// disarm ends the subscription's hold on its node for good.
+func (s *Subscription) disarm() {
+	s.unarm()
+	registry.Delete(s.self)
+}
+
+// stale reports whether the node moved to another session since arm.
+func (s *Subscription) staleSession() bool {
+	s.mu.Lock()
+	gen := s.gen
+	s.mu.Unlock()
+	return s.node.ID() != gen
 }
 
 func subscriberFactory(_ context.Context, addr subjects.Address) (hub.Hub, error) {
@@ -187,7 +246,30 @@ func (s *Subscription) run(first chan<- error) {
 	b := &backoff.ExponentialBackOff{InitialInterval: BackoffInitial, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: BackoffMax}
 	failures := 0
 	for {
-		err := s.subscribeOnce()
+		var err error
+		if s.staleSession() {
+			// The node rejoined under a new generation: re-arm there
+			// (DESIGN §7), then subscribe from it.
+			ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout)
+			err = s.arm(ctx)
+			cancel()
+		}
+		if err == nil {
+			err = s.subscribeOnce()
+		}
+		select {
+		case <-s.node.Closed():
+			// This process makes no further attempt (DESIGN §3).
+			err = fmt.Errorf("syncstream: the subscriber's node closed: %w", verdict.ErrClosing)
+			if first != nil {
+				first <- err
+				first = nil
+			}
+			s.teardown(err)
+			s.disarm()
+			return
+		default:
+		}
 		if first != nil {
 			if err == nil || !verdict.IsTransient(err) {
 				first <- err
@@ -205,6 +287,7 @@ func (s *Subscription) run(first chan<- error) {
 			continue
 		case !verdict.IsTransient(err):
 			s.teardown(err)
+			s.disarm() // let go of the node: the hold, the activation, its claim
 			return
 		}
 		failures++
@@ -237,7 +320,12 @@ func (s *Subscription) await() bool {
 			return false
 		case <-s.trigger:
 			return true
+		case <-s.node.Closed():
+			return true // the next attempt fails terminally (the client is closed)
 		case <-t.C:
+			if s.staleSession() {
+				return true
+			}
 			s.mu.Lock()
 			owner := s.ownerNode
 			s.mu.Unlock()
@@ -313,17 +401,11 @@ func (s *Subscription) Stop() {
 	s.stopOnce.Do(func() {
 		close(s.stop)
 		s.wg.Wait()
-		if s.unwatch != nil {
-			s.unwatch()
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, _ = s.node.Deliver(ctx, mesh.Delivery{From: s.self, To: s.owner, Stream: s.stream, Type: TypeUnsubscribe,
 			Payload: encode(subscribeRequest{Subscriber: s.self, Stream: s.stream})})
 		cancel()
 		s.teardown(nil)
-		if s.release != nil {
-			s.release()
-		}
-		registry.Delete(s.self)
+		s.disarm()
 	})
 }
