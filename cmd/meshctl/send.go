@@ -145,8 +145,11 @@ func describeVerdict(a ingressAnswer) string {
 		s += " [node " + a.Node + "]"
 	}
 	s += fmt.Sprintf(" [id %s]", a.ID)
-	if verdict.IsResendable(a.Err) {
-		s += "; safe to re-send"
+	switch {
+	case errors.Is(a.Err, verdict.ErrNoPlacement):
+		s += "; nothing was placed or sent: check the kind, or start a node that hosts it (safe to re-send)"
+	case verdict.IsResendable(a.Err):
+		s += "; the mesh holds nothing: safe to re-send"
 	}
 	return s
 }

@@ -384,3 +384,19 @@ func TestSubscriberShownApart(t *testing.T) {
 		t.Errorf("nodes:\n%s", nodes.stdout)
 	}
 }
+
+// TestUnknownKindAnswersQuickly: with membership, a kind no live node hosts
+// is answered after the placement wait (not the whole ladder): exit 3, a
+// verdict that says nothing was placed — within a --timeout of 5 s, where the
+// ladder would have taken ≈10 s and ended in exit 4.
+func TestUnknownKindAnswersQuickly(t *testing.T) {
+	s := natstest.RunServer(t)
+	startOwner(t, s, nil)
+	r := meshctl(t, s, "", "--timeout", "5s", "send", "nope/x", "hello", "--id", "typo-1")
+	wantCode(t, r, exitVerdict)
+	for _, want := range []string{"Unavailable (no-placement)", `no live node hosts kind "nope"`, "nothing was placed", "typo-1"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr %q lacks %q", r.stderr, want)
+		}
+	}
+}
