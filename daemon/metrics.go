@@ -48,7 +48,7 @@ type collector struct {
 	deliveries, retries, legs, peakLegs, lanes, destinations, deepest, episodes *prometheus.Desc
 	accepted, dedupe, refused, handled, late, activations, queued, deactivated  *prometheus.Desc
 	ingress, breaker                                                            *prometheus.Desc
-	forged                                                                      *prometheus.Desc
+	forged, invalidEntries, overwritten                                         *prometheus.Desc
 }
 
 func newCollector(n *mesh.Node) *collector {
@@ -56,26 +56,28 @@ func newCollector(n *mesh.Node) *collector {
 		return prometheus.NewDesc("natsmesh_"+name, help, labels, nil)
 	}
 	return &collector{
-		node:         n,
-		deliveries:   d("deliveries_total", "Deliveries sent by this node, by final verdict.", "verdict"),
-		retries:      d("retries_total", "Re-sends after a resendable failure."),
-		legs:         d("legs_in_flight", "Legs (requests) sent and not yet answered."),
-		peakLegs:     d("legs_in_flight_peak", "The most legs in flight at once since start."),
-		lanes:        d("lanes", "Sender lanes holding work."),
-		destinations: d("lane_destinations", "Distinct addresses among the lanes."),
-		deepest:      d("deepest_lane_depth", "Deliveries in the deepest lane."),
-		episodes:     d("saturation_episodes_total", "Saturation episodes opened."),
-		accepted:     d("hub_accepted_total", "Deliveries accepted by this node's hubs."),
-		dedupe:       d("hub_dedupe_hits_total", "Deliveries answered Accepted again from the dedupe window."),
-		refused:      d("hub_refused_total", "Deliveries refused before acceptance."),
-		handled:      d("hub_handled_total", "Deliveries whose handler returned."),
-		late:         d("hub_late_verdicts_total", "Late verdicts sent after acceptance."),
-		activations:  d("activations", "Live activations on this node."),
-		queued:       d("hub_queued", "Accepted deliveries not yet handled."),
-		deactivated:  d("deactivations_total", "Activations collected or closed."),
-		ingress:      d("ingress_total", "Messages taken from the ingress."),
-		breaker:      d("hub_breaker_refusals_total", "Deliveries refused Ignored by the storm breaker."),
-		forged:       d("forged_answers_total", "Late verdicts and responses dropped: not from the node generation that accepted the delivery (SECURITY.md)."),
+		node:           n,
+		deliveries:     d("deliveries_total", "Deliveries sent by this node, by final verdict.", "verdict"),
+		retries:        d("retries_total", "Re-sends after a resendable failure."),
+		legs:           d("legs_in_flight", "Legs (requests) sent and not yet answered."),
+		peakLegs:       d("legs_in_flight_peak", "The most legs in flight at once since start."),
+		lanes:          d("lanes", "Sender lanes holding work."),
+		destinations:   d("lane_destinations", "Distinct addresses among the lanes."),
+		deepest:        d("deepest_lane_depth", "Deliveries in the deepest lane."),
+		episodes:       d("saturation_episodes_total", "Saturation episodes opened."),
+		accepted:       d("hub_accepted_total", "Deliveries accepted by this node's hubs."),
+		dedupe:         d("hub_dedupe_hits_total", "Deliveries answered Accepted again from the dedupe window."),
+		refused:        d("hub_refused_total", "Deliveries refused before acceptance."),
+		handled:        d("hub_handled_total", "Deliveries whose handler returned."),
+		late:           d("hub_late_verdicts_total", "Late verdicts sent after acceptance."),
+		activations:    d("activations", "Live activations on this node."),
+		queued:         d("hub_queued", "Accepted deliveries not yet handled."),
+		deactivated:    d("deactivations_total", "Activations collected or closed."),
+		ingress:        d("ingress_total", "Messages taken from the ingress."),
+		breaker:        d("hub_breaker_refusals_total", "Deliveries refused Ignored by the storm breaker."),
+		invalidEntries: d("kv_invalid_entries_total", "Registry and directory entries ignored because they did not parse or held an invalid generation (this session).", "bucket"),
+		overwritten:    d("kv_own_entry_overwritten_total", "Times this node found its own registry entry or claims overwritten by another writer (this session; SECURITY.md).", "bucket"),
+		forged:         d("forged_answers_total", "Late verdicts and responses dropped: not from the node generation that accepted the delivery (SECURITY.md)."),
 	}
 }
 
@@ -115,4 +117,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.ingress, s.Ingress)
 	counter(c.breaker, s.Host.BreakerRefusals)
 	counter(c.forged, s.Client.ForgedAnswers)
+	if m := s.Membership; m != nil {
+		counter(c.invalidEntries, m.Registry.InvalidEntries, "registry")
+		counter(c.invalidEntries, m.Directory.InvalidEntries, "directory")
+		counter(c.overwritten, m.Registry.Overwritten, "registry")
+		counter(c.overwritten, m.Directory.Overwritten, "directory")
+	}
 }

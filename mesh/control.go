@@ -11,6 +11,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/buildinfo"
+	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -71,6 +72,11 @@ type MembershipStatus struct {
 	Departures int64               `json:"departures"`
 	Rejoins    int64               `json:"rejoins"`
 	Claims     int                 `json:"claims"`
+	// Registry and Directory count entries this session refused or found
+	// overwritten by another writer (SECURITY.md); they restart at zero
+	// with each session.
+	Registry  membership.Stats `json:"registry"`
+	Directory directory.Stats  `json:"directory"`
 }
 
 // HubsReport lists a node's hub kinds and live activations.
@@ -116,6 +122,7 @@ func (n *Node) membershipStatus() *MembershipStatus {
 	}
 	return &MembershipStatus{
 		Members: inc.members.Members(), Departures: n.departures.Load(), Rejoins: n.rejoins.Load(), Claims: inc.dir.Owned(),
+		Registry: inc.members.Stats(), Directory: inc.dir.Stats(),
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
@@ -112,4 +113,87 @@ func TestClientProfileRefusesAttacks(t *testing.T) {
 	default:
 	}
 	natstest.Eventually(t, 5*time.Second, func() bool { return v.Members().Confirmed() }, "victim not confirmed")
+}
+
+// The same attacks by a user without a profile (any user of an account
+// configured without the profiles) succeed: nothing in a message proves
+// who wrote a registry entry, a claim or an advisory. These pin what
+// SECURITY.md says the profiles are for.
+func TestWithoutProfilesAttacksSucceed(t *testing.T) {
+	e := newSecured(t)
+	p := subjects.DefaultPrefix
+	at := e.attacker(t, openUser)
+	js, err := jetstream.New(at.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := e.node(t, "observer", "node")
+	reg, err := js.KeyValue(ctxT(t), membership.BucketName(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := js.KeyValue(ctxT(t), directory.BucketName(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := func(t *testing.T, name string) *testNode {
+		v := e.node(t, name, "node")
+		natstest.Eventually(t, 10*time.Second, func() bool { return o.Members().Alive(v.ID()) }, "observer does not see %s", name)
+		return v
+	}
+
+	t.Run("a forged disconnect advisory departs a live node", func(t *testing.T) {
+		v := victim(t, "v1")
+		ent, err := reg.Get(ctxT(t), "v1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mb membership.Member
+		if err := json.Unmarshal(ent.Value(), &mb); err != nil {
+			t.Fatal(err)
+		}
+		adv, _ := json.Marshal(map[string]any{
+			"type": "io.nats.server.advisory.v1.client_disconnect", "timestamp": time.Now(),
+			"server": map[string]any{"id": mb.ServerID}, "client": map[string]any{"id": mb.ClientID, "name": membership.ConnName(v.ID())},
+			"reason": "Client Closed",
+		})
+		if err := at.nc.Publish(e.m.AdvisorySubject(), adv); err != nil {
+			t.Fatal(err)
+		}
+		natstest.Eventually(t, 10*time.Second, func() bool { return !o.Members().Alive(mb.Node) }, "the forged advisory was not believed")
+	})
+	t.Run("a higher generation under a live name supersedes it", func(t *testing.T) {
+		v := victim(t, "v2")
+		forged, _ := json.Marshal(membership.Member{Node: subjects.NodeID{Name: "v2", Generation: v.ID().Generation + 1}, BeatAt: time.Now().UTC()})
+		if _, err := reg.Put(ctxT(t), "v2", forged); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-v.fatal:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the victim did not stand down")
+		}
+	})
+	t.Run("a deleted entry makes a live node rejoin", func(t *testing.T) {
+		v := victim(t, "v3")
+		gen := v.ID().Generation
+		if err := reg.Delete(ctxT(t), "v3"); err != nil {
+			t.Fatal(err)
+		}
+		natstest.Eventually(t, 10*time.Second, func() bool { return v.ID().Generation != gen }, "the victim did not rejoin")
+	})
+	t.Run("a claim rewritten to another live node makes the owner stand down", func(t *testing.T) {
+		v := victim(t, "v4")
+		addr := subjects.Address("echo/stolen")
+		release, err := v.Host().Activate(ctxT(t), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(release)
+		claim, _ := json.Marshal(directory.Claim{Owner: o.ID(), Claimed: time.Now().UTC()})
+		if _, err := dir.Put(ctxT(t), subjects.EncodeToken(string(addr)), claim); err != nil {
+			t.Fatal(err)
+		}
+		natstest.Eventually(t, 10*time.Second, func() bool { return v.Directory().Owned() == 0 }, "the owner did not stand down")
+	})
 }

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -86,10 +87,28 @@ type Directory struct {
 	mu    sync.Mutex
 	owned map[subjects.Address]uint64 // address -> revision of our claim
 
+	invalid atomic.Int64 // claims that did not parse
+	foreign atomic.Int64 // own claims found overwritten by a writer that is no live generation
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
+}
+
+// Stats are counters of directory entries this node refused.
+type Stats struct {
+	// InvalidEntries counts claims read that did not parse (treated as
+	// unowned).
+	InvalidEntries int64 `json:"invalid_entries"`
+	// Overwritten counts this node's claims found overwritten by
+	// something that is no live generation's claim (and re-written).
+	Overwritten int64 `json:"overwritten"`
+}
+
+// Stats returns the counters. Safe for concurrent use.
+func (d *Directory) Stats() Stats {
+	return Stats{InvalidEntries: d.invalid.Load(), Overwritten: d.foreign.Load()}
 }
 
 // Open binds (or creates) the directory bucket and starts the claim
@@ -154,7 +173,10 @@ func (d *Directory) read(ctx context.Context, addr subjects.Address) (Claim, uin
 		return Claim{}, 0, err
 	}
 	var c Claim
-	if err := json.Unmarshal(e.Value(), &c); err != nil {
+	if err := json.Unmarshal(e.Value(), &c); err != nil || c.Owner.Validate() != nil {
+		if n := d.invalid.Add(1); n&(n-1) == 0 {
+			d.log.Warn("directory entry ignored (treated as unowned)", "address", string(addr), "revision", e.Revision(), "err", err, "ignored_total", n)
+		}
 		return Claim{}, e.Revision(), nil // unreadable: treat as unowned, replace under revision
 	}
 	return c, e.Revision(), nil
@@ -364,6 +386,21 @@ func (d *Directory) verify() {
 				d.owned[addr] = cur
 			}
 			d.mu.Unlock()
+		case c.Owner.IsZero() || !d.members.Alive(c.Owner):
+			// Overwritten by something that is no live generation's
+			// claim (garbage, a departed or made-up owner): no node
+			// serves the address but us, so report it and re-write ours.
+			n := d.foreign.Add(1)
+			d.log.Warn("own claim overwritten by another writer; re-writing it (SECURITY.md: give other clients no write access to the directory)",
+				"address", string(addr), "claimed_by", c.Owner.String(), "revision", cur, "overwritten_total", n)
+			b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
+			if nrev, err := d.kv.Update(ctx, key(addr), b, cur); err == nil {
+				d.mu.Lock()
+				if _, still := d.owned[addr]; still {
+					d.owned[addr] = nrev
+				}
+				d.mu.Unlock()
+			}
 		default:
 			d.standDown(addr, "claim overwritten by "+c.Owner.String())
 		}

@@ -25,6 +25,7 @@
 package membership
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -94,6 +95,10 @@ var (
 	// ErrNameInUse: a live, still-heartbeating generation holds the name
 	// and Config.Replace is not set. Nothing was written to the registry.
 	ErrNameInUse = errors.New("membership: node name in use by a live generation")
+	// ErrInvalidGeneration: the registry holds a generation for this
+	// node's name that no clock produced (beyond MaxGenerationAhead, up to
+	// 2^64-1), so no strictly higher one can be chosen without wrapping.
+	ErrInvalidGeneration = errors.New("membership: invalid generation in the registry")
 )
 
 // ConnName returns the NATS connection name a node generation must use so
@@ -279,6 +284,9 @@ type Membership struct {
 
 	lost      chan struct{}
 	lostOnce  sync.Once
+	invalid   atomic.Int64  // registry entries ignored: unparsable, misnamed, absurd generation
+	foreign   atomic.Int64  // own entry found overwritten by another writer
+	lastWrite []byte        // the last value this node wrote for its entry (under wmu)
 	leaving   atomic.Bool   // Leave is deleting our entry: our own departure is no news
 	supersede atomic.Bool   // the registration was lost to a newer generation of the name
 	ready     chan struct{} // the registry's initial state was read
@@ -485,11 +493,76 @@ func (m *Membership) readEntry(ctx context.Context, name string) (Member, uint64
 	if err != nil {
 		return Member{}, 0, err
 	}
-	var v Member
-	if json.Unmarshal(e.Value(), &v) != nil {
-		return Member{}, e.Revision(), nil
-	}
+	v, _ := m.parse(e)
 	return v, e.Revision(), nil
+}
+
+// MaxGenerationAhead bounds how far beyond this node's clock a generation
+// read from the registry may be (generations are start times in
+// nanoseconds, raised by one past a registered one): anything further is
+// not a generation any node chose, and is refused (ErrInvalidGeneration,
+// or ignored and counted by the watcher).
+const MaxGenerationAhead = 365 * 24 * time.Hour
+
+// AbsurdGeneration reports whether g is beyond MaxGenerationAhead of the
+// local clock (2^64-1 always is).
+func AbsurdGeneration(g uint64) bool {
+	limit := time.Now().Add(MaxGenerationAhead).UnixNano()
+	return limit <= 0 || g > uint64(limit)
+}
+
+// Stats are counters of what the registry held that this node refused.
+type Stats struct {
+	// InvalidEntries counts registry entries ignored: not JSON, naming
+	// another key, an invalid or absurd generation.
+	InvalidEntries int64 `json:"invalid_entries"`
+	// Overwritten counts times this node found its own entry overwritten
+	// by another writer without a newer generation (and rewrote it).
+	Overwritten int64 `json:"overwritten"`
+}
+
+// Stats returns the counters. Safe for concurrent use.
+func (m *Membership) Stats() Stats {
+	return Stats{InvalidEntries: m.invalid.Load(), Overwritten: m.foreign.Load()}
+}
+
+// parse reads a registry entry: false (counted, logged at the first and
+// every power of two) when it is not a member of its key with a valid,
+// plausible generation.
+func (m *Membership) parse(e jetstream.KeyValueEntry) (Member, bool) {
+	var v Member
+	err := json.Unmarshal(e.Value(), &v)
+	switch {
+	case err != nil:
+	case v.Node.Name != e.Key():
+		err = fmt.Errorf("entry names %q", v.Node.Name)
+	case v.Node.Generation == 0 || AbsurdGeneration(v.Node.Generation):
+		err = fmt.Errorf("%w: %d", ErrInvalidGeneration, v.Node.Generation)
+	default:
+		return v, true
+	}
+	if n := m.invalid.Add(1); n&(n-1) == 0 {
+		m.log.Warn("registry entry ignored", "key", e.Key(), "revision", e.Revision(), "err", err, "ignored_total", n)
+	}
+	return Member{}, false
+}
+
+// ownWrite reports whether the stored entry at rev is the value this node
+// last wrote; if not, it reports the overwrite (log and Stats).
+func (m *Membership) ownWrite(rev uint64) bool {
+	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
+	defer cancel()
+	e, err := m.kv.Get(ctx, m.cfg.Name)
+	m.wmu.Lock()
+	last := m.lastWrite
+	m.wmu.Unlock()
+	if err == nil && e.Revision() == rev && bytes.Equal(e.Value(), last) {
+		return true
+	}
+	n := m.foreign.Add(1)
+	m.log.Warn("own registry entry overwritten by another writer; rewriting it (SECURITY.md: give other clients no write access to the registry)",
+		"revision", rev, "overwritten_total", n)
+	return false
 }
 
 // register writes a new generation for the name, strictly above any
@@ -503,8 +576,14 @@ func (m *Membership) register(ctx context.Context) error {
 		e, err := m.kv.Get(ctx, name)
 		switch {
 		case err == nil:
-			var old Member
-			if json.Unmarshal(e.Value(), &old) == nil && old.Node.Generation >= gen {
+			var raw Member
+			if json.Unmarshal(e.Value(), &raw) == nil && raw.Node.Name == name && AbsurdGeneration(raw.Node.Generation) {
+				return fmt.Errorf("%w: %q holds generation %d, beyond any clock (more than %v ahead): refusing to register above it; if no such node runs, delete the entry (nats kv del %s %s)",
+					ErrInvalidGeneration, name, raw.Node.Generation, MaxGenerationAhead, BucketName(m.cfg.Prefix), name)
+			}
+			// An entry that does not parse is replaced (under the revision
+			// check) by a generation from the clock.
+			if old, ok := m.parse(e); ok && old.Node.Generation >= gen {
 				gen = old.Node.Generation + 1
 			}
 			prev = e.Revision()
@@ -805,9 +884,8 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 	}
 	switch e.Operation() {
 	case jetstream.KeyValuePut:
-		var v Member
-		if err := json.Unmarshal(e.Value(), &v); err != nil || v.Node.Name != name {
-			m.log.Warn("registry entry ignored", "key", name, "err", err)
+		v, ok := m.parse(e)
+		if !ok {
 			return
 		}
 		if time.Since(v.BeatAt) < m.cfg.TTL {
@@ -916,8 +994,15 @@ func (m *Membership) heartbeat() {
 			switch {
 			case gerr != nil:
 				// Cannot tell: try again next beat.
-			case rev != 0 && cur.Node == self.Node:
-				m.log.Info("heartbeat reply was lost; the stored entry is still this generation's", "revision", rev)
+			case rev != 0 && (cur.Node == self.Node || !(cur.Node.Generation > self.Node.Generation && !AbsurdGeneration(cur.Node.Generation))):
+				// Still this generation's (the reply of our write was
+				// lost), or written by someone else without a newer
+				// generation (garbage, an older or absurd generation,
+				// our generation with other content): rewrite ours on
+				// the stored revision.
+				if m.ownWrite(rev) {
+					m.log.Info("heartbeat reply was lost; the stored entry is still this generation's", "revision", rev)
+				}
 				m.mu.Lock()
 				m.rev = rev
 				m.mu.Unlock()
@@ -951,6 +1036,7 @@ func (m *Membership) beat() error {
 	self.BeatAt = time.Now().UTC()
 	self.ServerID, self.ClientID = m.connIdentity()
 	b, _ := json.Marshal(self)
+	m.lastWrite = b
 	reconnects := m.cfg.Conn.Stats().Reconnects
 	ctx, cancel := context.WithTimeout(m.ctx, max(m.cfg.Heartbeat, time.Second))
 	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)

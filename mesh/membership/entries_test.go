@@ -1,0 +1,106 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+func registry(t *testing.T, m *Membership) jetstream.KeyValue {
+	t.Helper()
+	return m.kv
+}
+
+func put(t *testing.T, kv jetstream.KeyValue, key string, v any) {
+	t.Helper()
+	var b []byte
+	switch v := v.(type) {
+	case []byte:
+		b = v
+	default:
+		b, _ = json.Marshal(v)
+	}
+	if _, err := kv.Put(context.Background(), key, b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ownEntry reports whether the registry holds m's own generation under its
+// name.
+func ownEntry(m *Membership) bool {
+	e, err := m.kv.Get(context.Background(), m.cfg.Name)
+	if err != nil {
+		return false
+	}
+	var v Member
+	return json.Unmarshal(e.Value(), &v) == nil && v.Node == m.Self().Node
+}
+
+// Entries that fail to parse, name another key, or hold an absurd
+// generation are ignored and counted; written over this node's own entry
+// they are reported (log and Stats().Overwritten) and replaced by the
+// node's entry — the node is neither fenced nor superseded.
+func TestRegistryForeignEntries(t *testing.T) {
+	s := natstest.RunServer(t)
+	a := join(t, natstest.Connect(t, s), "a", Config{})
+	w := join(t, natstest.Connect(t, s), "w", Config{})
+	kv := registry(t, a)
+	self := a.Self().Node
+
+	for i, v := range []any{
+		[]byte("not json"),
+		Member{Node: subjects.NodeID{Name: "somebody-else", Generation: self.Generation + 1}},
+		Member{Node: subjects.NodeID{Name: "a", Generation: math.MaxUint64}},
+		Member{Node: subjects.NodeID{Name: "a", Generation: self.Generation - 1}},
+		[]byte(`{"node":{"name":"a","generation":-1}}`),
+	} {
+		before := a.Stats().Overwritten
+		put(t, kv, "zzz", v) // not a member's key
+		put(t, kv, "a", v)
+		natstest.Eventually(t, 10*time.Second, func() bool { return a.Stats().Overwritten > before && ownEntry(a) },
+			"entry %d over a's own: not reported and replaced", i)
+		select {
+		case <-a.Lost():
+			t.Fatalf("entry %d fenced the node", i)
+		default:
+		}
+		if a.Superseded() || !w.Alive(self) {
+			t.Fatalf("entry %d: superseded %v, alive at w %v", i, a.Superseded(), w.Alive(self))
+		}
+	}
+	if n := w.Stats().InvalidEntries; n < 4 {
+		t.Fatalf("w counted %d invalid entries, want at least 4", n)
+	}
+	natstest.Eventually(t, 5*time.Second, a.Confirmed, "a not confirmed")
+}
+
+// A generation read from the registry is validated: the next start of a
+// name whose entry holds 2^64-1 (or any generation far beyond the clock)
+// is refused with a clear error instead of wrapping to generation 0.
+func TestRegisterRefusesAbsurdGeneration(t *testing.T) {
+	s := natstest.RunServer(t)
+	w := join(t, natstest.Connect(t, s), "w", Config{})
+	kv := registry(t, w)
+	for _, g := range []uint64{math.MaxUint64, math.MaxUint64 - 1, uint64(time.Now().Add(10 * 365 * 24 * time.Hour).UnixNano())} {
+		put(t, kv, "x", Member{Node: subjects.NodeID{Name: "x", Generation: g}, BeatAt: time.Now().Add(-time.Hour)})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		m, err := Join(ctx, Config{Conn: natstest.Connect(t, s), Name: "x", Kinds: []string{"echo"}, Heartbeat: 100 * time.Millisecond, TTL: 400 * time.Millisecond})
+		cancel()
+		if err == nil {
+			gen := m.Self().Node.Generation
+			m.Close()
+			t.Fatalf("generation %d in the registry: joined with generation %d", g, gen)
+		}
+		if !errors.Is(err, ErrInvalidGeneration) {
+			t.Fatalf("generation %d: %v, want ErrInvalidGeneration", g, err)
+		}
+	}
+}
