@@ -386,13 +386,12 @@ func (d *Directory) verify() {
 				d.owned[addr] = cur
 			}
 			d.mu.Unlock()
-		case c.Owner.IsZero() || !d.members.Alive(c.Owner):
-			// Overwritten by something that is no live generation's
-			// claim (garbage, a departed or made-up owner): no node
-			// serves the address but us, so report it and re-write ours.
+		case c.Owner.IsZero():
+			// Overwritten by something that is no claim at all (it does
+			// not parse): report it and re-write ours.
 			n := d.foreign.Add(1)
-			d.log.Warn("own claim overwritten by another writer; re-writing it (SECURITY.md: give other clients no write access to the directory)",
-				"address", string(addr), "claimed_by", c.Owner.String(), "revision", cur, "overwritten_total", n)
+			d.log.Warn("own claim overwritten by an unreadable entry; re-writing it (SECURITY.md: give other clients no write access to the directory)",
+				"address", string(addr), "revision", cur, "overwritten_total", n)
 			b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
 			if nrev, err := d.kv.Update(ctx, key(addr), b, cur); err == nil {
 				d.mu.Lock()
@@ -401,6 +400,13 @@ func (d *Directory) verify() {
 				}
 				d.mu.Unlock()
 			}
+		case !d.members.Alive(c.Owner):
+			// A claim of a generation this node does not see alive: an
+			// unknown writer, or a node it has not seen join yet. Standing
+			// down is the safe side (two activations never serve).
+			n := d.foreign.Add(1)
+			d.log.Warn("own claim overwritten naming a generation that is not live; standing down", "address", string(addr), "claimed_by", c.Owner.String(), "overwritten_total", n)
+			d.standDown(addr, "claim overwritten by "+c.Owner.String())
 		default:
 			d.standDown(addr, "claim overwritten by "+c.Owner.String())
 		}

@@ -13,10 +13,10 @@ import (
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
-// A claim overwritten by something that is not a live generation's claim
-// (garbage, a departed or made-up owner) is reported (log and
-// Stats().Overwritten) and re-written by its owner, which keeps serving;
-// only a claim naming another live generation makes it stand down.
+// A claim overwritten by something that does not parse as a claim is
+// reported (log and Stats().Overwritten) and re-written by its owner, which
+// keeps serving; a claim naming another generation makes it stand down
+// (the safe side), reported too when that generation is not live.
 func TestClaimOverwrittenByForeignWriter(t *testing.T) {
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
@@ -45,8 +45,9 @@ func TestClaimOverwrittenByForeignWriter(t *testing.T) {
 	}
 	for i, v := range []string{
 		"garbage",
-		`{"owner":{"name":"ghost","generation":7},"claimed":"2026-01-01T00:00:00Z"}`,
-		`{"owner":{"name":"a","generation":1},"claimed":"2026-01-01T00:00:00Z"}`,
+		`{}`,
+		`{"owner":"not a node id"}`,
+		`{"owner":"a.0"}`,
 	} {
 		before := d.Stats().Overwritten
 		if _, err := d.kv.Put(ctx, key(addr), []byte(v)); err != nil {
@@ -63,7 +64,16 @@ func TestClaimOverwrittenByForeignWriter(t *testing.T) {
 			t.Fatalf("overwrite %d: stood down (%d lost, %d owned)", i, n, d.Owned())
 		}
 	}
-	if d.Stats().InvalidEntries < 1 {
-		t.Fatal("the unparsable claim was not counted")
+	if d.Stats().InvalidEntries < 4 {
+		t.Fatalf("%d unparsable claims counted, want 4", d.Stats().InvalidEntries)
 	}
+	before := d.Stats().Overwritten
+	if _, err := d.kv.Put(ctx, key(addr), []byte(`{"owner":"ghost.7"}`)); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(lost) == 1 && d.Owned() == 0 && d.Stats().Overwritten > before
+	}, "a claim naming a generation that is not live: no stand-down")
 }
