@@ -20,6 +20,7 @@ import (
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/mesh/syncstream"
+	"github.com/natsmesh/natsmesh/profiles"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -85,6 +86,10 @@ answer the subscribe, or sends no snapshot, within --timeout.`,
 // subscribe runs the command once its arguments are checked.
 func subscribe(ctx context.Context, g *globals, addr subjects.Address, stream subjects.Stream, count int) error {
 	name := subscriberNodeName()
+	if g.inboxPrefix == "" {
+		// It joins as a node: the node profile's inbox (SECURITY.md).
+		g.inboxPrefix = profiles.NodeInboxPrefix(g.meshPrefix())
+	}
 	nc, err := g.connect(membership.ConnNamePrefix + name)
 	if err != nil {
 		return err
