@@ -6,10 +6,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -155,5 +157,40 @@ accounts: {
 	}()
 	if code := <-done; code != 0 {
 		t.Fatalf("--standalone without JetStream: exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// TestConnectionName: meshd's NATS connection is named as
+// docs/operations.md says.
+func TestConnectionName(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "connection `natsmesh <name>`") {
+		t.Fatal("docs/operations.md does not say how a node names its connection")
+	}
+	s := natstest.RunServer(t)
+	withContainerEnv(t, nil)
+	sig := make(chan os.Signal, 1)
+	names := make(chan []string, 1)
+	var out, errb bytes.Buffer
+	code := runWith([]string{"--nats-url", s.ClientURL(), "--name", "conn-7", "--http=", "--log-level=error"}, &out, &errb, sig, func(daemon.Info) {
+		cz, err := s.Connz(&server.ConnzOptions{})
+		var got []string
+		if err == nil {
+			for _, c := range cz.Conns {
+				got = append(got, c.Name)
+			}
+		}
+		names <- got
+		sig <- os.Interrupt
+	})
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	got := <-names
+	if !slices.Contains(got, "natsmesh conn-7") {
+		t.Fatalf("connections %q, want one named %q", got, "natsmesh conn-7")
 	}
 }

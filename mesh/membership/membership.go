@@ -76,7 +76,8 @@ const (
 	// missing nothing arrives and the heartbeat TTL detects departures.
 	DefaultAdvisorySubject = "$SYS.ACCOUNT.*.DISCONNECT"
 	// ConnNamePrefix starts the NATS connection name of every mesh node:
-	// "natsmesh <name>.<gen>", which the disconnect advisory carries.
+	// "natsmesh <name>" (docs/operations.md). Advisories are matched to a
+	// generation by the server and client IDs in its registry entry.
 	ConnNamePrefix = "natsmesh "
 )
 
