@@ -3,8 +3,9 @@
 // ingress, follows a hub's sync stream, drains a node and benchmarks
 // delivery throughput. It talks to the mesh over NATS only (the nodes' micro
 // service and control endpoints, and the ingress subjects), so it needs
-// nothing but a NATS URL; subscribe joins the mesh's membership for its
-// duration, which needs JetStream on the account.
+// nothing but a NATS URL (and the account's credentials: the same options as
+// meshd, or a nats CLI context); subscribe registers as a subscriber in the
+// mesh's membership for its duration, which needs JetStream on the account.
 package main
 
 import (
@@ -62,8 +63,10 @@ Exit codes:
   2    cannot reach NATS (connection refused, authorization failed, ...),
        or no JetStream on the account (subscribe needs the membership)
   3    the mesh answered a failure verdict (its name, reason and message
-       are printed), or no node answered at all (no responders); for
-       subscribe also: the subscription was torn down
+       are printed; Unavailable (no-placement): no node hosts the kind,
+       nothing was placed), or no node answered at all (nodes, hubs and
+       stats with no node; no responders); for subscribe also: the
+       subscription was torn down
   4    timeout: no answer in --timeout. The outcome of a delivery is then
        unknown (the mesh may hold it and still run it): do not re-send it
        blindly; a re-send under the same --id may be deduped
