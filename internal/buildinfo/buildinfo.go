@@ -77,8 +77,9 @@ func FromBuildInfo(bi *debug.BuildInfo) Info {
 }
 
 // String is the one-line form: "<version>", then ", revision <12 hex
-// digits>[ (modified)], <time>" when the binary has a VCS stamp, then ",
-// <go version>".
+// digits>[ (modified)], <time>" when the binary has a VCS stamp (the
+// revision only if the version, a pseudo-version, does not end with it),
+// then ", <go version>".
 func (i Info) String() string {
 	var b strings.Builder
 	b.WriteString(i.Version)
@@ -87,7 +88,9 @@ func (i Info) String() string {
 		if len(rev) > 12 {
 			rev = rev[:12]
 		}
-		b.WriteString(", revision " + rev)
+		if !strings.HasSuffix(i.Version, "-"+rev) { // a pseudo-version names it already
+			b.WriteString(", revision " + rev)
+		}
 		if i.Modified {
 			b.WriteString(" (modified)")
 		}
@@ -111,8 +114,14 @@ func (i Info) Short() string {
 	if len(rev) > 12 {
 		rev = rev[:12]
 	}
+	if strings.HasSuffix(i.Version, "-"+rev) {
+		rev = "" // a pseudo-version names it already
+	}
 	if i.Modified {
 		rev += "+dirty"
+	}
+	if rev == "" {
+		return i.Version
 	}
 	return i.Version + " " + rev
 }

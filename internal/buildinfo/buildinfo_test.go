@@ -22,6 +22,15 @@ func TestFromBuildInfo(t *testing.T) {
 			shrt: "(devel) 0123456789ab+dirty",
 		},
 		{
+			name: "pseudo-version of a clean clone",
+			bi: debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: ModulePath, Version: "v0.0.0-20261201091305-3a5b8f5645f0"}, Settings: []debug.BuildSetting{
+				{Key: "vcs.revision", Value: "3a5b8f5645f0aaaa"}, {Key: "vcs.time", Value: "2026-12-01T09:13:05Z"}, {Key: "vcs.modified", Value: "false"},
+			}},
+			want: Info{Version: "v0.0.0-20261201091305-3a5b8f5645f0", Revision: "3a5b8f5645f0aaaa", Time: "2026-12-01T09:13:05Z", GoVersion: "go1.26.0"},
+			str:  "v0.0.0-20261201091305-3a5b8f5645f0, 2026-12-01T09:13:05Z, go1.26.0",
+			shrt: "v0.0.0-20261201091305-3a5b8f5645f0",
+		},
+		{
 			name: "dependency of another module",
 			bi: debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: "example.com/svc", Version: "(devel)"},
 				Deps:     []*debug.Module{{Path: "other/x", Version: "v1.0.0"}, {Path: ModulePath, Version: "v0.3.1"}},
