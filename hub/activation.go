@@ -41,6 +41,8 @@ type activation struct {
 	lastActive time.Time
 	building   bool // the build goroutine has not returned: deactivate waits for it
 	done       bool // deactivate ran
+
+	stateHandle *State // durable state, once LoadState took it over (state.go)
 }
 
 // enqueue puts e in the inbox, or refuses it (full inbox, activation gone).
@@ -132,7 +134,9 @@ func (a *activation) handle(hub Hub, e *entry) {
 	h.handled.Add(1)
 	if d.expectResponse && d.responded.CompareAndSwap(false, true) {
 		var rerr error
-		if err != nil {
+		if sv := stateVerdict(err, h.nodeID); sv != nil {
+			rerr = sv // nothing persisted: resendable (state.go)
+		} else if err != nil {
 			rerr = &verdict.Error{Reason: verdict.ReasonHandlerError, Message: err.Error()}
 		}
 		if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil); serr != nil {
@@ -155,7 +159,7 @@ func (a *activation) build(f Factory) {
 				err = fmt.Errorf("factory panic: %v", r)
 			}
 		}()
-		return f(h.ctx, a.addr)
+		return f(context.WithValue(h.ctx, activationKey{}, a), a.addr)
 	}()
 	if err == nil && hub == nil {
 		err = fmt.Errorf("factory returned a nil hub")
@@ -192,6 +196,39 @@ func (a *activation) build(f Factory) {
 	a.lastActive = time.Now()
 	a.startTurnLocked()
 	a.mu.Unlock()
+}
+
+// isClosed reports whether the activation was closed or failed.
+func (a *activation) isClosed() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.state == stateClosed || a.state == stateFailed
+}
+
+// standDown removes the activation from its host because it cannot persist
+// its state (state.go): it accepts nothing more; what it had queued fails
+// late with a resendable not-the-owner verdict; its hub is deactivated and
+// its claim released once no turn runs (by the running turn itself, if
+// any: standDown is called from a turn).
+func (a *activation) standDown(cause error) {
+	h := a.host
+	h.mu.Lock()
+	if h.activations[a.addr] == a {
+		delete(h.activations, a.addr)
+	}
+	h.mu.Unlock()
+	h.log.Warn("activation stands down: its state cannot be persisted", "address", string(a.addr), "err", cause)
+	a.close(&verdict.Error{Reason: verdict.ReasonNotOwner, Message: fmt.Sprintf("activation %s on %s stood down before handling: %v", a.addr, h.nodeID, cause), Node: h.nodeID})
+	a.mu.Lock()
+	idle := !a.running
+	a.mu.Unlock()
+	if idle {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			a.deactivate()
+		}()
+	}
 }
 
 // takeQueueLocked empties the inbox and returns what was waiting.

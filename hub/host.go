@@ -93,6 +93,9 @@ type Config struct {
 	// never will (an error: fail it late with that error). Without it a
 	// fenced turn fails its delivery at once.
 	AwaitServing func(ctx context.Context) error
+	// State keeps hubs' durable state (DESIGN §7a, [LoadState]); nil means
+	// this node keeps none and LoadState fails with ErrNoStateStore.
+	State StateStore
 }
 
 func (c *Config) validate() error {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/hubstate"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
@@ -38,6 +39,9 @@ func (r nodeResolver) Invalidate(addr subjects.Address, node subjects.NodeID) {
 // opens the directory, and then lets the host serve.
 func (n *Node) join(ctx context.Context, rejoin bool) (*incarnation, error) {
 	mc := n.cfg.Membership
+	if err := n.openState(ctx); err != nil {
+		return nil, err
+	}
 	inc := &incarnation{}
 	claims := &lateClaims{}
 	// The host exists before the membership does (join order): until
@@ -126,6 +130,34 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*incarnation, error) {
 	})
 	n.log.Info("joined the mesh", "generation", inc.id.String(), "members", len(m.Members()))
 	return inc, nil
+}
+
+// openState binds the durable state bucket once (DESIGN §7a), unless the
+// host was given a store or the membership config disables it.
+func (n *Node) openState(ctx context.Context) error {
+	mc := n.cfg.Membership
+	n.mu.RLock()
+	done := n.state != nil
+	n.mu.RUnlock()
+	if done || mc.DisableState || n.cfg.Host.State != nil {
+		return nil
+	}
+	replicas := mc.StateReplicas
+	if replicas == 0 {
+		replicas = mc.Replicas
+	}
+	var st *hubstate.Store
+	err := membership.Retry(ctx, func() (err error) {
+		st, err = hubstate.Open(ctx, hubstate.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, MaxValueSize: mc.StateMaxValueSize})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("mesh: state bucket: %w", err)
+	}
+	n.mu.Lock()
+	n.state = st
+	n.mu.Unlock()
+	return nil
 }
 
 // lateClaims is the host's claims seam before the directory is open (the

@@ -92,6 +92,18 @@ type MembershipConfig struct {
 	// Subscriber): a process that hosts nothing and only follows sync
 	// streams, shown apart from the mesh's nodes.
 	Subscriber bool
+	// StateReplicas is the replica count of the durable hub state bucket
+	// (DESIGN §7a, package hubstate), used by the node that creates it;
+	// zero means Replicas. Use 3 on a 3-server cluster.
+	StateReplicas int
+	// StateMaxValueSize is the largest state one address may save, in
+	// bytes; zero means hubstate.DefaultMaxValueSize (lowered to what fits
+	// the server's max_payload). A larger save fails with
+	// hub.ErrStateTooLarge before anything is written.
+	StateMaxValueSize int
+	// DisableState opens no state bucket: hub.LoadState fails with
+	// hub.ErrNoStateStore (the kv kind then keeps its map in memory only).
+	DisableState bool
 }
 
 // Node is one mesh process: a hub host that receives deliveries for its node
@@ -106,7 +118,8 @@ type Node struct {
 	opts    []Option
 
 	mu      sync.RWMutex
-	inc     *incarnation // the current generation's parts
+	inc     *incarnation   // the current generation's parts
+	state   hub.StateStore // durable hub state, opened at the first join
 	kinds   map[string]hub.Factory
 	running bool
 
@@ -278,6 +291,11 @@ func (n *Node) kindNames() []string {
 func (n *Node) newHost(id subjects.NodeID, claims hub.Claims, fence func() error, await func(context.Context) error) (*hub.Host, error) {
 	hc := n.cfg.Host
 	hc.Conn, hc.Node, hc.Prefix, hc.Logger = n.conn, id, n.prefix, n.cfg.Logger
+	n.mu.RLock()
+	if hc.State == nil && n.state != nil {
+		hc.State = n.state
+	}
+	n.mu.RUnlock()
 	if claims != nil {
 		hc.Claims = claims
 	}
@@ -438,4 +456,16 @@ func (n *Node) stopServing() {
 			_ = n.svc.Stop()
 		}
 	})
+}
+
+// StateStore returns the node's durable hub state store (DESIGN §7a): the
+// Host config's, or the bucket opened at join; nil before Start or when
+// disabled.
+func (n *Node) StateStore() hub.StateStore {
+	if n.cfg.Host.State != nil {
+		return n.cfg.Host.State
+	}
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.state
 }

@@ -1,0 +1,362 @@
+// Package hubstate keeps hubs' durable state (DESIGN §7a) in a JetStream KV
+// bucket: one key per address (the address's subject token), file storage,
+// replicated as configured (three replicas on a three-server cluster). It
+// implements hub.StateStore.
+//
+// Every write is a compare-and-set on the revision the writer read
+// (jetstream.KeyValue.Create for an absent key, Update otherwise), and
+// returns once the bucket's stream acknowledged it — that is, once a quorum
+// of its replicas stored it. What "stored" means on disk is the server's
+// sync setting (docs/operations.md, "Durable hub state").
+//
+// A record is a small binary envelope in front of the hub's bytes:
+//
+//	byte 0      format version (1)
+//	uvarint     epoch: takeovers so far
+//	uvarint n   then n bytes: the owner node generation, "name.gen"
+//	rest        the hub's data
+//
+// A takeover writes the owner and epoch+1 under compare-and-set, so every
+// write of the previous activation, which compares against a revision the
+// takeover moved on, fails: the fence is on the data.
+package hubstate
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// DefaultMaxValueSize is the largest hub state a save takes when Config
+// gives none: 1 MiB less 4 KiB, so that a record fits a default
+// max_payload (1 MiB) with its envelope and the publish's headers.
+const DefaultMaxValueSize = 1<<20 - 4<<10
+
+// envelopeMax is the most an envelope adds to the hub's data: the version
+// byte, an epoch (10 bytes), and an owner of up to 64+1+20 bytes with its
+// length.
+const envelopeMax = 1 + binary.MaxVarintLen64 + 1 + 85
+
+// payloadSlack is what a publish's headers may take beside the value
+// (Nats-Expected-Last-Subject-Sequence and the like).
+const payloadSlack = 1024
+
+const formatV1 = 1
+
+var (
+	// ErrInvalidConfig: a required Config field is missing or invalid.
+	ErrInvalidConfig = errors.New("hubstate: invalid config")
+	// ErrNotFound: the address has no stored state.
+	ErrNotFound = errors.New("hubstate: no stored state")
+	// ErrCorrupt: a stored value is not a state record.
+	ErrCorrupt = errors.New("hubstate: corrupt record")
+)
+
+// Config holds the store's settings. Conn is required; zero fields take
+// their documented defaults.
+type Config struct {
+	// Conn is the NATS connection of the node.
+	Conn *nats.Conn
+	// Prefix names the bucket (BucketName); zero means
+	// subjects.DefaultPrefix.
+	Prefix subjects.Prefix
+	// Replicas of the bucket, used when this node creates it; zero means
+	// 1. Use 3 on a three-server cluster. An existing bucket keeps its
+	// own.
+	Replicas int
+	// MaxValueSize is the largest hub state a save takes, in bytes; zero
+	// means DefaultMaxValueSize. It is lowered to what fits the
+	// server's max_payload, and to an existing bucket's limit.
+	MaxValueSize int
+	// MemoryStorage keeps the bucket in memory instead of files (tests
+	// and benchmarks only: state then does not survive the NATS servers).
+	MemoryStorage bool
+}
+
+// BucketName returns the state bucket of a prefix.
+func BucketName(p subjects.Prefix) string {
+	if p == "" {
+		p = subjects.DefaultPrefix
+	}
+	return "natsmesh_" + strings.ReplaceAll(string(p), ".", "_") + "_state"
+}
+
+// Key returns the bucket key of an address.
+func Key(addr subjects.Address) string { return subjects.EncodeToken(string(addr)) }
+
+// Store is a handle on the state bucket. Safe for concurrent use.
+type Store struct {
+	kv  jetstream.KeyValue
+	max int
+}
+
+var _ hub.StateStore = (*Store)(nil)
+
+// Open binds the state bucket, creating it if absent (file storage, history
+// 1, Config.Replicas). It blocks until the bucket is bound or ctx ends.
+// Errors match ErrInvalidConfig, or are JetStream's.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.Conn == nil {
+		return nil, fmt.Errorf("%w: Conn is nil", ErrInvalidConfig)
+	}
+	if cfg.Replicas < 0 || cfg.MaxValueSize < 0 {
+		return nil, fmt.Errorf("%w: negative Replicas or MaxValueSize", ErrInvalidConfig)
+	}
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 1
+	}
+	limit := cfg.MaxValueSize
+	if limit == 0 {
+		limit = DefaultMaxValueSize
+	}
+	if mp := int(cfg.Conn.MaxPayload()) - payloadSlack - envelopeMax; mp > 0 && limit > mp {
+		limit = mp
+	}
+	js, err := jetstream.New(cfg.Conn)
+	if err != nil {
+		return nil, err
+	}
+	storage := jetstream.FileStorage
+	if cfg.MemoryStorage {
+		storage = jetstream.MemoryStorage
+	}
+	kcfg := jetstream.KeyValueConfig{
+		Bucket:       BucketName(cfg.Prefix),
+		Description:  "natsmesh durable hub state",
+		Storage:      storage,
+		Replicas:     cfg.Replicas,
+		History:      1,
+		MaxValueSize: int32(limit + envelopeMax),
+	}
+	kv, err := js.KeyValue(ctx, kcfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, kcfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, kcfg.Bucket) // created concurrently
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("hubstate: bucket %s: %w", kcfg.Bucket, err)
+	}
+	if st, err := kv.Status(ctx); err == nil {
+		if kst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+			if bm := int(kst.StreamInfo().Config.MaxMsgSize); bm > 0 && bm-envelopeMax < limit {
+				limit = bm - envelopeMax
+			}
+		}
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("%w: bucket %s takes no value of any size", ErrInvalidConfig, kcfg.Bucket)
+	}
+	return &Store{kv: kv, max: limit}, nil
+}
+
+// MaxValueSize is the largest hub state a save takes, in bytes
+// (hub.StateStore).
+func (s *Store) MaxValueSize() int { return s.max }
+
+// Encode returns the stored form of a record (its Revision and Updated are
+// not stored).
+func Encode(r hub.StateRecord) []byte {
+	owner := ""
+	if !r.Owner.IsZero() {
+		owner = r.Owner.String()
+	}
+	b := make([]byte, 0, envelopeMax+len(r.Data))
+	b = append(b, formatV1)
+	b = binary.AppendUvarint(b, r.Epoch)
+	b = binary.AppendUvarint(b, uint64(len(owner)))
+	b = append(b, owner...)
+	return append(b, r.Data...)
+}
+
+// Decode reads a stored value back into a record's Owner, Epoch and Data.
+// Errors match ErrCorrupt.
+func Decode(v []byte) (hub.StateRecord, error) {
+	var r hub.StateRecord
+	if len(v) == 0 || v[0] != formatV1 {
+		return r, fmt.Errorf("%w: unknown format", ErrCorrupt)
+	}
+	rest := v[1:]
+	epoch, n := binary.Uvarint(rest)
+	if n <= 0 {
+		return r, fmt.Errorf("%w: epoch", ErrCorrupt)
+	}
+	rest = rest[n:]
+	ol, n := binary.Uvarint(rest)
+	if n <= 0 || ol > uint64(len(rest)-n) {
+		return r, fmt.Errorf("%w: owner", ErrCorrupt)
+	}
+	rest = rest[n:]
+	if ol > 0 {
+		id, err := subjects.ParseNodeID(string(rest[:ol]))
+		if err != nil {
+			return r, fmt.Errorf("%w: owner: %w", ErrCorrupt, err)
+		}
+		r.Owner = id
+	}
+	r.Epoch = epoch
+	if d := rest[ol:]; len(d) > 0 {
+		r.Data = d
+	}
+	return r, nil
+}
+
+// Get returns addr's stored record. Errors: ErrNotFound, ErrCorrupt, or
+// JetStream's.
+func (s *Store) Get(ctx context.Context, addr subjects.Address) (hub.StateRecord, error) {
+	if err := addr.Validate(); err != nil {
+		return hub.StateRecord{}, err
+	}
+	return get(ctx, s.kv, addr)
+}
+
+// Read returns addr's stored record from a bound state bucket (for tools
+// that hold a jetstream.KeyValue, such as meshctl). Errors: ErrNotFound,
+// ErrCorrupt, or JetStream's.
+func Read(ctx context.Context, kv jetstream.KeyValue, addr subjects.Address) (hub.StateRecord, error) {
+	return get(ctx, kv, addr)
+}
+
+func get(ctx context.Context, kv jetstream.KeyValue, addr subjects.Address) (hub.StateRecord, error) {
+	e, err := kv.Get(ctx, Key(addr))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return hub.StateRecord{}, fmt.Errorf("%w for %s", ErrNotFound, addr)
+	}
+	if err != nil {
+		return hub.StateRecord{}, err
+	}
+	r, err := Decode(e.Value())
+	if err != nil {
+		return hub.StateRecord{}, fmt.Errorf("state of %s: %w", addr, err)
+	}
+	r.Revision, r.Updated = e.Revision(), e.Created()
+	return r, nil
+}
+
+// Take takes addr's state over for owner (hub.StateStore): it writes the
+// record back naming owner and the next epoch, under compare-and-set,
+// retrying until it wins or ctx ends. A record that does not decode fails
+// the take (ErrCorrupt) rather than being overwritten.
+func (s *Store) Take(ctx context.Context, addr subjects.Address, owner subjects.NodeID) (hub.StateRecord, error) {
+	key := Key(addr)
+	var last error
+	for {
+		if err := ctx.Err(); err != nil {
+			if last != nil {
+				return hub.StateRecord{}, fmt.Errorf("%w (last: %w)", err, last)
+			}
+			return hub.StateRecord{}, err
+		}
+		cur := hub.StateRecord{}
+		e, err := s.kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			last = err
+			pause(ctx)
+			continue
+		default:
+			if r, derr := Decode(e.Value()); derr == nil {
+				cur = r
+			} else {
+				return hub.StateRecord{}, fmt.Errorf("state of %s: %w", addr, derr)
+			}
+			cur.Revision = e.Revision()
+		}
+		next := hub.StateRecord{Owner: owner, Epoch: cur.Epoch + 1, Data: cur.Data}
+		var rev uint64
+		if cur.Revision == 0 {
+			rev, err = s.kv.Create(ctx, key, Encode(next))
+		} else {
+			rev, err = s.kv.Update(ctx, key, Encode(next), cur.Revision)
+		}
+		if err != nil {
+			last = err // moved meanwhile, or unreachable: read again
+			if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+				pause(ctx)
+			}
+			continue
+		}
+		next.Revision = rev
+		return next, nil
+	}
+}
+
+// Save replaces prev with data under compare-and-set on prev.Revision
+// (hub.StateStore). A save whose outcome the reply does not settle (a
+// timeout, a dropped link) is resolved by reading the record back: a newer
+// revision of this owner's epoch is this save (an activation saves one at a
+// time); otherwise the outcome is unknown.
+func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateRecord, data []byte) (hub.StateRecord, error) {
+	if len(data) > s.max {
+		return hub.StateRecord{}, fmt.Errorf("%w: %d bytes, the limit is %d", hub.ErrStateTooLarge, len(data), s.max)
+	}
+	if prev.Revision == 0 {
+		return hub.StateRecord{}, fmt.Errorf("%w: no record taken over", hub.ErrStateFenced)
+	}
+	next := hub.StateRecord{Owner: prev.Owner, Epoch: prev.Epoch, Data: data}
+	rev, err := s.kv.Update(ctx, Key(addr), Encode(next), prev.Revision)
+	if err == nil {
+		next.Revision = rev
+		return next, nil
+	}
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s is no longer current: %w", hub.ErrStateFenced, prev.Revision, addr, err)
+	}
+	if notWritten(err) {
+		return hub.StateRecord{}, fmt.Errorf("%w: %w", hub.ErrStateUnavailable, err)
+	}
+	// Unsettled: read it back, on a fresh bound (ctx may be what ended).
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hub.DefaultStateTimeout)
+	defer cancel()
+	for rctx.Err() == nil {
+		cur, gerr := get(rctx, s.kv, addr)
+		if gerr != nil {
+			pause(rctx)
+			continue
+		}
+		switch {
+		case cur.Revision == prev.Revision:
+			// Not applied yet; it may still be (a proposal in flight),
+			// so this is not "not written".
+		case cur.Epoch == prev.Epoch && cur.Owner == prev.Owner && bytes.Equal(cur.Data, data):
+			return cur, nil // this save landed
+		default:
+			return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s was replaced by epoch %d of %s", hub.ErrStateFenced, prev.Revision, addr, cur.Epoch, cur.Owner)
+		}
+		break
+	}
+	return hub.StateRecord{}, fmt.Errorf("%w: %w", hub.ErrStateUnknown, err)
+}
+
+// notWritten reports whether err proves the write was not stored: no
+// stream took the publish, or the server answered with an API error.
+func notWritten(err error) bool {
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrMaxPayload) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr)
+}
+
+// pause waits a little before another attempt, or until ctx ends.
+func pause(ctx context.Context) {
+	t := time.NewTimer(50 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

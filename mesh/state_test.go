@@ -1,0 +1,335 @@
+package mesh
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/counterhub"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/hubstate"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// stateNode starts a node with membership on s hosting the durable counter
+// as kind "ctr".
+func stateNode(t *testing.T, s *server.Server, name string, mc MembershipConfig, o counterhub.Options) *Node {
+	t.Helper()
+	nc := natstest.Connect(t, s)
+	n, err := NewNode(NodeConfig{Conn: nc, Name: name, Membership: &mc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Register("ctr", counterhub.Factory(o)); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+func inc(t *testing.T, c *Client, addr subjects.Address) (uint64, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := c.Request(ctx, Delivery{To: addr, Type: counterhub.Inc})
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(string(r.Payload), 10, 64)
+}
+
+func storedRecord(t *testing.T, s *server.Server, addr subjects.Address) hub.StateRecord {
+	t.Helper()
+	r, err := hubstate.Read(context.Background(), bucket(t, s, hubstate.BucketName(subjects.DefaultPrefix)), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestStateSurvivesMoves: a counter's value survives its address moving
+// between nodes (drain, close) and back, at every position; each takeover
+// bumps the epoch and names the new owner.
+func TestStateSurvivesMoves(t *testing.T) {
+	s := natstest.RunServer(t)
+	a := stateNode(t, s, "a", fastMembership, counterhub.Options{})
+	b := stateNode(t, s, "b", fastMembership, counterhub.Options{})
+	waitMembers(t, 2, a, b)
+	const addr = "ctr/moves"
+	var want uint64
+	var lastEpoch uint64
+	nodes := []*Node{a, b}
+	for round := range 4 {
+		for range 5 {
+			want++
+			got, err := inc(t, nodes[round%2].Client, addr)
+			if err != nil || got != want {
+				t.Fatalf("round %d: inc = %d, %v; want %d", round, got, err, want)
+			}
+		}
+		rec := storedRecord(t, s, addr)
+		if rec.Epoch <= lastEpoch || string(rec.Data) != strconv.FormatUint(want, 10) {
+			t.Fatalf("round %d: stored %+v (last epoch %d)", round, rec, lastEpoch)
+		}
+		lastEpoch = rec.Epoch
+		// Move it: deactivate on the owner (the claim is released), the
+		// next delivery activates it afresh, on whichever node placement
+		// picks.
+		for _, n := range nodes {
+			n.Host().Deactivate(addr)
+		}
+	}
+	// A drained owner hands over as well.
+	owner := a
+	if storedRecord(t, s, addr).Owner.Name == "b" {
+		owner = b
+	}
+	other := a
+	if owner == a {
+		other = b
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := owner.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitMembers(t, 1, other)
+	want++
+	if got, err := inc(t, other.Client, addr); err != nil || got != want {
+		t.Fatalf("after drain: inc = %d, %v; want %d", got, err, want)
+	}
+	if rec := storedRecord(t, s, addr); rec.Owner != other.ID() || rec.Epoch <= lastEpoch {
+		t.Fatalf("after drain: %+v", rec)
+	}
+}
+
+// TestStateTooLarge: a save over the store's limit fails with
+// hub.ErrStateTooLarge before anything is written; the activation goes on.
+func TestStateTooLarge(t *testing.T) {
+	s := natstest.RunServer(t)
+	mc := fastMembership
+	mc.StateMaxValueSize = 64
+	nc := natstest.Connect(t, s)
+	n, err := NewNode(NodeConfig{Conn: nc, Name: "a", Membership: &mc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st *hub.State
+	err = n.Register("big", func(ctx context.Context, _ subjects.Address) (hub.Hub, error) {
+		var err error
+		if st, err = hub.LoadState(ctx); err != nil {
+			return nil, err
+		}
+		return hub.HandlerFunc(func(ctx context.Context, d *hub.Delivery) error {
+			return st.Save(ctx, d.Payload)
+		}), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	if got := n.StateStore().MaxValueSize(); got != 64 {
+		t.Fatalf("MaxValueSize = %d", got)
+	}
+	ctx := context.Background()
+	for _, size := range []int{0, 1, 63, 64} {
+		if _, err := n.Request(ctx, Delivery{To: "big/x", Payload: make([]byte, size)}); err != nil {
+			t.Fatalf("%d bytes: %v", size, err)
+		}
+	}
+	before := storedRecord(t, s, "big/x")
+	for _, size := range []int{65, 1000, 100 << 10} {
+		_, err := n.Request(ctx, Delivery{To: "big/x", Payload: make([]byte, size)})
+		if !errors.Is(err, verdict.ErrHandler) {
+			t.Fatalf("%d bytes: %v", size, err)
+		}
+		if rerr := st.Save(ctx, make([]byte, size)); !errors.Is(rerr, hub.ErrStateTooLarge) {
+			t.Fatalf("%d bytes: Save = %v", size, rerr)
+		}
+	}
+	if after := storedRecord(t, s, "big/x"); after.Revision != before.Revision {
+		t.Fatalf("an oversized save wrote: revision %d -> %d", before.Revision, after.Revision)
+	}
+	// Still serving, still saving.
+	if _, err := n.Request(ctx, Delivery{To: "big/x", Payload: []byte("ok")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := storedRecord(t, s, "big/x"); string(got.Data) != "ok" {
+		t.Fatalf("stored %q", got.Data)
+	}
+}
+
+// TestStateFencedOnData: an owner whose claim was rewritten behind its back,
+// and which does not know it yet (its claim verification is slow), holds a
+// turn between its change and its save while a successor takes the state
+// over; the stale save fails on the data (hub.ErrStateFenced), its request
+// is answered not-the-owner (resendable: nothing persisted), the stale
+// activation stands down, and the successor's state is untouched. Repeated
+// across several positions of the counter.
+func TestStateFencedOnData(t *testing.T) {
+	s := natstest.RunServer(t)
+	slow := fastMembership
+	slow.VerifyInterval = time.Hour // the stale owner does not notice on its own
+	gate := make(chan struct{})
+	var held sync.WaitGroup
+	var mu sync.Mutex
+	var fenced []error
+	a := stateNode(t, s, "a", slow, counterhub.Options{
+		BeforeSave: func(d *hub.Delivery) {
+			if string(d.Payload) == "hold" {
+				held.Done()
+				<-gate
+			}
+		},
+		OnSave: func(_ *hub.Delivery, _ uint64, err error) {
+			if err != nil {
+				mu.Lock()
+				fenced = append(fenced, err)
+				mu.Unlock()
+			}
+		},
+	})
+	b := stateNode(t, s, "b", fastMembership, counterhub.Options{})
+	waitMembers(t, 2, a, b)
+	dir := mustDir(t, s)
+	ctx := context.Background()
+	for i := range 3 {
+		addr := subjects.Address(fmt.Sprintf("ctr/fence%d", i))
+		// a owns it, with i+1 increments saved.
+		if _, err := a.Host().Activate(ctx, addr); err != nil {
+			t.Fatal(err)
+		}
+		for range i + 1 {
+			if _, err := inc(t, a.Client, addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A turn on a, held between its change and its save.
+		held.Add(1)
+		res := make(chan error, 1)
+		go func() {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_, err := a.Request(rctx, Delivery{To: addr, Type: counterhub.Inc, Payload: []byte("hold")})
+			res <- err
+		}()
+		held.Wait()
+		// The claim is rewritten to b behind a's back; b activates the
+		// address and takes its state over.
+		claim, _ := json.Marshal(directory.Claim{Owner: b.ID(), Claimed: time.Now()})
+		if _, err := dir.Put(ctx, subjects.EncodeToken(string(addr)), claim); err != nil {
+			t.Fatal(err)
+		}
+		release, err := b.Host().Activate(ctx, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		natstest.Eventually(t, 10*time.Second, func() bool { return storedRecord(t, s, addr).Owner == b.ID() }, "b took the state over")
+		taken := storedRecord(t, s, addr)
+		close(gate)
+		err = <-res
+		gate = make(chan struct{})
+		if !errors.Is(err, verdict.ErrNotOwner) || !verdict.IsResendable(err) {
+			t.Fatalf("%s: the stale owner's request: %v", addr, err)
+		}
+		mu.Lock()
+		if len(fenced) != i+1 || !errors.Is(fenced[i], hub.ErrStateFenced) {
+			t.Fatalf("%s: stale saves: %v", addr, fenced)
+		}
+		mu.Unlock()
+		natstest.Eventually(t, 5*time.Second, func() bool {
+			for _, x := range a.Host().Addresses() {
+				if x == addr {
+					return false
+				}
+			}
+			return true
+		}, "the stale activation stood down")
+		if got := storedRecord(t, s, addr); got.Revision != taken.Revision || string(got.Data) != strconv.Itoa(i+1) {
+			t.Fatalf("%s: the stale save wrote: %+v, taken over %+v", addr, got, taken)
+		}
+		// The successor goes on from the saved value.
+		if got, err := inc(t, b.Client, addr); err != nil || got != uint64(i+2) {
+			t.Fatalf("%s: successor inc = %d, %v", addr, got, err)
+		}
+		release()
+	}
+}
+
+// TestStateFencedLocally: an owner that stood down (its claim lost) before
+// its held turn saves fails that save at once with hub.ErrStateFenced.
+func TestStateFencedLocally(t *testing.T) {
+	s := natstest.RunServer(t)
+	gate := make(chan struct{})
+	held := make(chan struct{})
+	var saveErr error
+	a := stateNode(t, s, "a", fastMembership, counterhub.Options{
+		BeforeSave: func(d *hub.Delivery) {
+			close(held)
+			<-gate
+		},
+		OnSave: func(_ *hub.Delivery, _ uint64, err error) { saveErr = err },
+	})
+	waitMembers(t, 1, a)
+	res := make(chan error, 1)
+	go func() {
+		_, err := inc(t, a.Client, "ctr/local")
+		res <- err
+	}()
+	<-held
+	before := storedRecord(t, s, "ctr/local")
+	done := make(chan struct{})
+	go func() {
+		a.Host().Deactivate("ctr/local") // waits for the held turn
+		close(done)
+	}()
+	natstest.Eventually(t, 5*time.Second, func() bool { return len(a.Host().Addresses()) == 0 }, "deactivated")
+	close(gate)
+	<-done
+	if err := <-res; !errors.Is(err, verdict.ErrNotOwner) {
+		t.Fatalf("request: %v", err)
+	}
+	if !errors.Is(saveErr, hub.ErrStateFenced) {
+		t.Fatalf("save: %v", saveErr)
+	}
+	if after := storedRecord(t, s, "ctr/local"); after.Revision != before.Revision {
+		t.Fatal("a stood-down activation wrote")
+	}
+}
+
+// TestStateWithoutStore: DisableState makes LoadState fail with
+// hub.ErrNoStateStore, which fails the build (Unavailable).
+func TestStateWithoutStore(t *testing.T) {
+	s := natstest.RunServer(t)
+	mc := fastMembership
+	mc.DisableState = true
+	n := stateNode(t, s, "a", mc, counterhub.Options{})
+	if n.StateStore() != nil {
+		t.Fatal("a store was opened")
+	}
+	_, err := inc(t, n.Client, "ctr/none")
+	if !errors.Is(err, verdict.ErrActivationFailed) {
+		t.Fatalf("inc: %v", err)
+	}
+	js, _ := natstest.Connect(t, s).JetStream()
+	if _, err := js.KeyValue(hubstate.BucketName(subjects.DefaultPrefix)); !errors.Is(err, nats.ErrBucketNotFound) {
+		t.Fatalf("state bucket: %v", err)
+	}
+}
