@@ -99,6 +99,14 @@ type Config struct {
 	// KVReplicas is the replica count of the registry and directory
 	// buckets (default 1; use 3 on a 3-server cluster).
 	KVReplicas int
+	// StateReplicas is the replica count of the durable hub state bucket
+	// (file storage; mesh.MembershipConfig.StateReplicas); zero means
+	// KVReplicas.
+	StateReplicas int
+	// StateMaxValueSize is the largest state one address may save, in
+	// bytes (mesh.MembershipConfig.StateMaxValueSize); zero means
+	// hubstate.DefaultMaxValueSize.
+	StateMaxValueSize int
 	// Heartbeat and TTL tune departure detection by the registry (defaults
 	// membership.DefaultHeartbeat and membership.DefaultTTL, 1 s and 8 s);
 	// the disconnect advisory is faster where the account configuration
@@ -168,7 +176,7 @@ func (c *Config) validate() error {
 			return fmt.Errorf("%w: http: %w", ErrInvalidConfig, err)
 		}
 	}
-	if c.DrainTimeout < 0 || c.Heartbeat < 0 || c.TTL < 0 || c.KVReplicas < 0 || c.PlacementWait < 0 || c.FencingDelay < 0 {
+	if c.DrainTimeout < 0 || c.Heartbeat < 0 || c.TTL < 0 || c.KVReplicas < 0 || c.StateReplicas < 0 || c.StateMaxValueSize < 0 || c.PlacementWait < 0 || c.FencingDelay < 0 {
 		return fmt.Errorf("%w: negative drain timeout, heartbeat, TTL, fencing delay, placement wait or KV replicas", ErrInvalidConfig)
 	}
 	if c.PlacementWait == 0 {
@@ -337,6 +345,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if !cfg.Standalone {
 		ncfg.Membership = &mesh.MembershipConfig{
 			Heartbeat: cfg.Heartbeat, TTL: cfg.TTL, FencingDelay: cfg.FencingDelay, Replicas: cfg.KVReplicas,
+			StateReplicas: cfg.StateReplicas, StateMaxValueSize: cfg.StateMaxValueSize,
 			AdvisorySubject: cfg.AdvisorySubject, Replace: cfg.Replace,
 		}
 	}

@@ -43,6 +43,7 @@ type options struct {
 	authDir                                             string
 	replace                                             bool
 	kvReplicas                                          int
+	stateReplicas, stateMaxValue                        int
 }
 
 // defaultName is the host name, cut to a valid node name.
@@ -123,6 +124,8 @@ took over; 130 a second signal during the drain.`,
 	f.DurationVar(&o.drainTimeout, "drain-timeout", daemon.DefaultDrainTimeout, "bound on the drain at shutdown")
 	f.BoolVar(&o.standalone, "standalone", false, "a one-node mesh without the membership registry and directory (no JetStream needed)")
 	f.IntVar(&o.kvReplicas, "kv-replicas", 1, "replicas of the registry and directory KV buckets, used by the node that creates them; 3 on a 3-server cluster")
+	f.IntVar(&o.stateReplicas, "state-replicas", 0, "replicas of the durable hub state bucket (file storage), used by the node that creates it; 0 means --kv-replicas; 3 on a 3-server cluster")
+	f.IntVar(&o.stateMaxValue, "state-max-value", 0, "largest durable state one address may save, in bytes; 0 means 1 MiB - 4 KiB (lowered to fit the server's max_payload)")
 	f.DurationVar(&o.heartbeat, "heartbeat", membership.DefaultHeartbeat, "registry heartbeat; 0 means the default")
 	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
 	f.DurationVar(&o.placementWait, "placement-wait", mesh.DefaultPlacementWait, "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement)")
@@ -169,6 +172,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 		TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSCA: o.tlsCA,
 		HTTP: o.http, DrainTimeout: o.drainTimeout, Logger: logger,
 		Standalone: o.standalone, KVReplicas: o.kvReplicas, Heartbeat: o.heartbeat, TTL: o.ttl,
+		StateReplicas: o.stateReplicas, StateMaxValueSize: o.stateMaxValue,
 		PlacementWait: o.placementWait,
 		Replace:       o.replace,
 		Ready: func(info daemon.Info) {
