@@ -6,10 +6,10 @@
 //
 //	profile   may publish                                   may subscribe
 //	node      <prefix>.>, the JetStream API of the mesh's   <prefix>.>, $SRV.>, the disconnect
-//	          two buckets, _INBOX.> and the node inbox      advisory, the node inbox
+//	          three buckets, _INBOX.> and the node inbox    advisory, the node inbox
 //	client    <prefix>.in.>                                 its inbox (_INBOX.> by default)
 //	operator  <prefix>.ctl.>, <prefix>.in.>, $SRV.>,        its inbox
-//	          reads of the registry bucket
+//	          reads of the registry and state buckets
 //
 // Nodes connect with the node inbox prefix ([NodeInboxPrefix]), which no
 // other profile may subscribe to: the acceptance replies a node receives for
@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/hubstate"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -180,8 +181,8 @@ func kvRead(bucket string) []string {
 }
 
 // Node is the profile of mesh nodes (meshd, services that embed a node):
-// the whole <prefix>.> subject space, the JetStream API of the registry and
-// directory buckets, the micro service endpoints ($SRV.>), the disconnect
+// the whole <prefix>.> subject space, the JetStream API of the registry,
+// directory and hub state buckets, the micro service endpoints ($SRV.>), the disconnect
 // advisory, replies to outside callers (_INBOX.>) and to other nodes (the
 // node inbox).
 func Node(m Mesh) Permissions {
@@ -190,6 +191,7 @@ func Node(m Mesh) Permissions {
 	pub := []string{p + ".>", "$JS.API.INFO"}
 	pub = append(pub, kvWrite(membership.BucketName(m.Prefix))...)
 	pub = append(pub, kvWrite(directory.BucketName(m.Prefix))...)
+	pub = append(pub, kvWrite(hubstate.BucketName(m.Prefix))...)
 	pub = append(pub, "$SRV.>", m.ClientInbox+".>", NodeInboxPrefix(m.Prefix)+".>")
 	if m.OperatorInbox != m.ClientInbox {
 		pub = append(pub, m.OperatorInbox+".>")
@@ -212,13 +214,14 @@ func Client(m Mesh) Permissions {
 // Operator is the profile of meshctl: the nodes' control endpoints
 // (<prefix>.ctl.>, drain included), the micro service discovery ($SRV.>),
 // the ingress (meshctl send, request, bench through the ingress), and reads
-// of the registry bucket; it subscribes to its inbox. meshctl subscribe
+// of the registry and hub state buckets; it subscribes to its inbox. meshctl subscribe
 // joins the mesh as a node and needs the node profile.
 func Operator(m Mesh) Permissions {
 	m = m.withDefaults()
 	p := string(m.Prefix)
 	pub := []string{p + ".ctl.>", p + ".in.>", "$SRV.>"}
 	pub = append(pub, kvRead(membership.BucketName(m.Prefix))...)
+	pub = append(pub, kvRead(hubstate.BucketName(m.Prefix))...) // meshctl state get
 	return Permissions{Name: "operator", Publish: pub, Subscribe: []string{m.OperatorInbox + ".>"}}
 }
 
