@@ -91,10 +91,10 @@ variable: durations need a unit (10s, not 10), booleans are true or false.
 
 Exit codes: 0 after a clean drain; 1 bad usage or configuration (unknown
 flag, invalid name, address or duration, invalid environment value, unknown
-hub kind); 2 the node could
-not start (port in use, NATS unreachable, no JetStream for the membership),
-its drain was cut short by --drain-timeout, or a newer incarnation of its name
-took over; 130 a second signal during the drain.`,
+hub kind); 2 the node could not start (port in use, NATS unreachable, no
+JetStream for the membership), its drain was cut short by --drain-timeout,
+or a newer incarnation of its name took over; 130 a second signal during
+the drain.`,
 		Version:       buildinfo.Read().String(),
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
