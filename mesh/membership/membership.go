@@ -836,7 +836,12 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 		lat = now.Sub(since)
 	}
 	lat = max(lat, 0)
-	m.log.Info("node departed", "departed", node.String(), "how", t.String(), "reason", reason, "detected_after", lat.String())
+	if v.Subscriber {
+		// meshctl subscribe and the like come and go with CLI use.
+		m.log.Debug("subscriber departed", "departed", node.String(), "how", t.String(), "reason", reason)
+	} else {
+		m.log.Info("node departed", "departed", node.String(), "how", t.String(), "reason", reason, "detected_after", lat.String())
+	}
 	m.emit(Event{Type: t, Member: v.Member, At: now, Latency: lat, Reason: reason})
 	return true
 }
