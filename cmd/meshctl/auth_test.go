@@ -226,9 +226,13 @@ func TestAuthTLSAndCreds(t *testing.T) {
 		}
 		defer os.Remove(sel)
 		ok(t)
-		// A flag wins over the context: a wrong server is used, and fails.
+		// A flag wins over the context: a wrong server is used, and fails,
+		// naming the context in use.
 		r := meshctl(t, nil, "", "-s", "nats://127.0.0.1:1", "nodes")
 		wantCode(t, r, exitNoNATS)
+		if !strings.Contains(r.stderr, `with nats context "secure"`) {
+			t.Errorf("stderr %q does not name the context", r.stderr)
+		}
 	})
 	t.Run("unknown context", func(t *testing.T) {
 		r := meshctl(t, nil, "", "--context", "nope", "nodes")

@@ -61,7 +61,11 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(g.server, opts...)
 	if err != nil {
-		return nil, exitf(exitNoNATS, "cannot connect to NATS at %s: %v", g.server, err)
+		from := ""
+		if g.contextName != "" {
+			from = fmt.Sprintf(" (with nats context %q)", g.contextName)
+		}
+		return nil, exitf(exitNoNATS, "cannot connect to NATS at %s%s: %v", g.server, from, err)
 	}
 	return nc, nil
 }

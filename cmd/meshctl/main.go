@@ -157,6 +157,7 @@ type globals struct {
 	tlsFirst    bool
 
 	otherPrefixes []string // found by discover: nodes of other meshes
+	contextName   string   // the nats context in use, if any
 
 	env            *envflag.Set
 	stdout, stderr io.Writer
@@ -198,8 +199,12 @@ func (g *globals) resolve(fs *pflag.FlagSet) error {
 		}
 	}
 	set("server", &g.server, c.URL)
+	g.contextName = c.Name
 	// The context's credentials only if no credentials were given.
 	if !fs.Changed("creds") && !fs.Changed("nkey") && !fs.Changed("user") {
+		if c.NSC != "" && c.Creds == "" {
+			return usageErrorf("nats context %q: its nsc:// lookup is not supported; give --creds or set creds in the context", c.Name)
+		}
 		set("creds", &g.creds, c.Creds)
 		set("nkey", &g.nkey, c.NKey)
 		set("user", &g.user, c.User)

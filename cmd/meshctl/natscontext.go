@@ -81,9 +81,6 @@ func loadContext(name string) (*natsContext, error) {
 	if err := json.Unmarshal(b, c); err != nil {
 		return nil, fmt.Errorf("nats context %q: %s: %w", name, path, err)
 	}
-	if c.NSC != "" && c.Creds == "" {
-		return nil, fmt.Errorf("nats context %q: nsc:// lookups are not supported; give the creds file", name)
-	}
 	for _, p := range []*string{&c.Creds, &c.NKey, &c.Cert, &c.Key, &c.CA} {
 		*p = expandHome(*p)
 	}

@@ -1,0 +1,27 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestMain keeps the tests off the developer's NATS settings: no nats CLI
+// context (an empty XDG_CONFIG_HOME) and none of the variables meshctl
+// reads, so every test sets exactly what it means.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "meshctl-test-config-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_CONFIG_HOME", dir)
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "NATS_") || strings.HasPrefix(k, "MESHCTL_") {
+			os.Unsetenv(k)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
