@@ -128,7 +128,7 @@ the drain.`,
 	f.IntVar(&o.stateMaxValue, "state-max-value", 0, "largest durable state one address may save, in bytes; 0 means 1 MiB - 4 KiB (lowered to fit the server's max_payload)")
 	f.DurationVar(&o.heartbeat, "heartbeat", membership.DefaultHeartbeat, "registry heartbeat; 0 means the default")
 	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
-	f.DurationVar(&o.placementWait, "placement-wait", mesh.DefaultPlacementWait, "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement)")
+	f.DurationVar(&o.placementWait, "placement-wait", mesh.DefaultPlacementWait, "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement); 0 means the default")
 	f.BoolVar(&o.replace, "replace", false, "take the name over from a live node of the same name (it stands down and exits); without it meshd exits at once if its name is live")
 	f.StringVar(&o.logFormat, "log-format", "auto", "auto (text on a terminal, else JSON), text or json")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,11 +13,16 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/natsmesh/natsmesh/daemon"
+	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
 )
 
 // runMeshd runs meshd in-process with args and the environment env (other
@@ -192,5 +198,58 @@ func TestConnectionName(t *testing.T) {
 	got := <-names
 	if !slices.Contains(got, "natsmesh conn-7") {
 		t.Fatalf("connections %q, want one named %q", got, "natsmesh conn-7")
+	}
+}
+
+// TestPlacementWaitFlag: --placement-wait reaches the node's ingress: with
+// a long wait a request for a kind nobody hosts is still unanswered when a
+// short client timeout ends; with the default it is answered
+// Unavailable/no-placement.
+func TestPlacementWaitFlag(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	ask := func(timeout time.Duration) (*nats.Msg, error) {
+		m := nats.NewMsg(subjects.DefaultPrefix.Ingress("nokind/x", ""))
+		m.Header.Set(hub.HeaderID, nuid.Next())
+		return nc.RequestMsg(m, timeout)
+	}
+	for _, tc := range []struct {
+		wait string
+		check func(*nats.Msg, error) error
+	}{
+		{"5s", func(_ *nats.Msg, err error) error {
+			if !errors.Is(err, nats.ErrTimeout) {
+				return fmt.Errorf("answered within 300ms (%v) despite a 5 s placement wait", err)
+			}
+			return nil
+		}},
+		{"0s", func(m *nats.Msg, err error) error {
+			if err != nil || m.Header.Get(verdict.HeaderReason) != "no-placement" || m.Header.Get(verdict.HeaderVerdict) != "Unavailable" {
+				return fmt.Errorf("reply %v, err %v; want Unavailable/no-placement", m, err)
+			}
+			return nil
+		}},
+	} {
+		withContainerEnv(t, nil)
+		sig := make(chan os.Signal, 1)
+		var out, errb bytes.Buffer
+		result := make(chan error, 1)
+		code := runWith([]string{"--nats-url", s.ClientURL(), "--name", "pw", "--http=", "--log-level=error", "--placement-wait", tc.wait, "--drain-timeout", "10s"}, &out, &errb, sig,
+			func(daemon.Info) {
+				go func() {
+					timeout := 300 * time.Millisecond
+					if tc.wait == "0s" {
+						timeout = 20 * time.Second
+					}
+					result <- tc.check(ask(timeout))
+					sig <- os.Interrupt
+				}()
+			})
+		if code != 0 {
+			t.Fatalf("--placement-wait %s: exit %d: %s", tc.wait, code, errb.String())
+		}
+		if err := <-result; err != nil {
+			t.Errorf("--placement-wait %s: %v", tc.wait, err)
+		}
 	}
 }
