@@ -49,6 +49,7 @@ type collector struct {
 	accepted, dedupe, refused, handled, late, activations, queued, deactivated  *prometheus.Desc
 	ingress, breaker                                                            *prometheus.Desc
 	forged, invalidEntries, overwritten                                         *prometheus.Desc
+	sentAccepted, unmatched, lateReceived                                       *prometheus.Desc
 }
 
 func newCollector(n *mesh.Node) *collector {
@@ -57,7 +58,10 @@ func newCollector(n *mesh.Node) *collector {
 	}
 	return &collector{
 		node:           n,
-		deliveries:     d("deliveries_total", "Deliveries sent by this node, by final verdict.", "verdict"),
+		deliveries:     d("deliveries_total", "Deliveries and requests sent by this node, each once by its final outcome: a request by its response (Accepted) or failure; verdict=Timeout for a timeout (the callee may hold it), apart from Failed.", "verdict"),
+		sentAccepted:   d("deliveries_accepted_total", "Deliveries and requests sent by this node that a hub accepted (acceptance, not the final outcome)."),
+		unmatched:      d("unmatched_answers_total", "Responses and late verdicts of requests that matched no pending call (it had ended already): counted and dropped."),
+		lateReceived:   d("late_verdicts_received_total", "Late verdicts that replaced the Accepted of a delivery this node sent."),
 		retries:        d("retries_total", "Re-sends after a resendable failure."),
 		legs:           d("legs_in_flight", "Legs (requests) sent and not yet answered."),
 		peakLegs:       d("legs_in_flight_peak", "The most legs in flight at once since start."),
@@ -100,6 +104,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.deliveries, s.Client.ByVerdict[k], k)
 	}
 	counter(c.retries, s.Client.Retries)
+	counter(c.sentAccepted, s.Client.Accepted)
+	counter(c.unmatched, s.Client.Unmatched)
+	counter(c.lateReceived, s.Client.LateVerdicts)
 	gauge(c.legs, s.Saturation.LegsInFlight)
 	gauge(c.peakLegs, s.Saturation.PeakInFlight)
 	gauge(c.lanes, s.Saturation.Lanes)

@@ -388,8 +388,8 @@ func (h *Host) parse(m *nats.Msg) (*entry, error) {
 	e.To, e.Stream, e.host = d.Addr, d.Stream, h
 	hdr := m.Header
 	e.ID = hdr.Get(HeaderID)
-	if e.ID == "" || len(e.ID) > MaxIDLen {
-		return nil, verdict.New(verdict.ReasonBadRequest, "header %s must be 1-%d bytes", HeaderID, MaxIDLen)
+	if err := ValidateID(e.ID); err != nil {
+		return nil, &verdict.Error{Reason: verdict.ReasonInvalidID, Message: "header " + HeaderID + ": " + err.(*verdict.Error).Message}
 	}
 	if f := hdr.Get(HeaderFrom); f != "" {
 		if err := subjects.Address(f).Validate(); err != nil {

@@ -1,5 +1,7 @@
 package hub
 
+import "github.com/natsmesh/natsmesh/verdict"
+
 // Request and answer headers of the delivery protocol (docs/protocol.md). The
 // verdict of a delivery travels in the headers of package verdict
 // (Mesh-Verdict, Mesh-Reason, Mesh-Message, Mesh-Node).
@@ -23,6 +25,11 @@ const (
 	// HeaderExpectResponse, set to "true", asks the handler's response to be
 	// sent to HeaderAnswerTo (a request, not a plain delivery).
 	HeaderExpectResponse = "Mesh-Expect-Response"
+	// HeaderIdempotent, set to "true" on an ingress request, marks the
+	// delivery Idempotent (mesh.Delivery.Idempotent): if its response is
+	// lost after acceptance the ingress answers the resendable fact
+	// instead of outcome-unknown. Hubs ignore it.
+	HeaderIdempotent = "Mesh-Idempotent"
 	// HeaderAnswer marks a message sent to an answer subject: "verdict" (a
 	// late verdict that replaces the earlier Accepted) or "response" (the
 	// handler's response). It carries HeaderID and the verdict headers.
@@ -44,3 +51,19 @@ const (
 // AnswerToken is the subject token under the prefix where mesh senders
 // receive answers: <prefix>.ans.<name>.<gen>.
 const AnswerToken = "ans"
+
+// ValidateID checks a delivery ID: 1-[MaxIDLen] bytes of printable ASCII
+// without spaces (0x21-0x7E). NATS trims whitespace in header values, so an
+// ID with spaces or control characters could be merged with another. The
+// error matches verdict.ErrInvalidID.
+func ValidateID(id string) error {
+	if id == "" || len(id) > MaxIDLen {
+		return verdict.New(verdict.ReasonInvalidID, "delivery ID must be 1-%d bytes (got %d)", MaxIDLen, len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x21 || c > 0x7e {
+			return verdict.New(verdict.ReasonInvalidID, "delivery ID must be printable ASCII without spaces: byte %d is %#02x", i, c)
+		}
+	}
+	return nil
+}

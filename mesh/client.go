@@ -21,8 +21,10 @@ import (
 // Delivery is what a sender sends. To is required; everything else is
 // optional.
 type Delivery struct {
-	// ID is unique per delivery and kept across its retries; empty means
-	// a fresh NUID. At most 128 bytes.
+	// ID is unique per delivery and kept across its retries: 1-128 bytes
+	// of printable ASCII without spaces (NATS trims whitespace in header
+	// values, so anything else would merge IDs); empty means a fresh NUID.
+	// Any other ID fails with verdict.ErrInvalidID before anything is sent.
 	ID string
 	// From is the sending address, if the sender is itself a hub.
 	From subjects.Address
@@ -34,6 +36,13 @@ type Delivery struct {
 	Type string
 	// Payload is opaque bytes, limited by the server's max_payload.
 	Payload []byte
+	// Idempotent says the handler may safely run twice under one ID. It
+	// decides the verdict of a Request whose response is lost after
+	// acceptance (its owner departed, this sender's link dropped, this
+	// client closed): the resendable fact itself (ShuttingDown) for an
+	// idempotent delivery, else Failed with verdict.ErrOutcomeUnknown. An
+	// awaited response is never re-sent automatically either way.
+	Idempotent bool
 }
 
 // Receipt is the outcome of an accepted delivery.
@@ -61,9 +70,10 @@ type Client struct {
 	lanes   map[LaneKey]*lane
 
 	pendingMu sync.Mutex
-	pending   map[string]*pendingRequest // Request awaiting its response, by delivery ID
+	pending   map[string]*flight // Requests awaiting their responses, by delivery ID
 
-	legsByNode sync.Map // subjects.NodeID -> *nodeLegs: legs in flight per owner
+	fl   flights     // flights by owner generation; departed generations
+	shut atomic.Bool // Close started: flights end with ErrClosing
 
 	answersSub *nats.Subscription
 	status     chan nats.Status
@@ -80,7 +90,8 @@ type Client struct {
 	forged atomic.Int64 // answers dropped by the binding
 
 	retries, accepted, failed atomic.Int64
-	byVerdict                 [5]atomic.Int64 // deliveries ended, by verdict.ErrorType
+	byOutcome                 [numOutcomes]atomic.Int64 // deliveries ended, by final outcome
+	lateVerdicts, unmatched   atomic.Int64
 }
 
 // NewClient validates cfg, applies opts and subscribes to the client's answer
@@ -102,7 +113,8 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 		sender:  cfg.Identity.String(),
 		sem:     make(chan struct{}, o.maxInFlight),
 		lanes:   map[LaneKey]*lane{},
-		pending: map[string]*pendingRequest{},
+		pending: map[string]*flight{},
+		fl:      newFlights(),
 		closed:  make(chan struct{}),
 		stop:    make(chan struct{}),
 	}
@@ -120,15 +132,18 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// watchLink fails every leg in flight when this client's own link drops:
-// nats.go would let them wait out their timeout although the reply is lost
-// with the connection. The failure is nats.ErrDisconnected — resendable
-// after reconnect with the same delivery ID, which the receiver dedupes
-// (DESIGN §3).
+// watchLink ends every flight in flight when this client's own link drops:
+// nats.go would let them wait out their timeout although replies and
+// responses are lost with the connection. A leg in flight fails with
+// nats.ErrDisconnected — resendable after reconnect with the same delivery
+// ID, which the receiver dedupes; an accepted Request awaiting its response
+// fails with verdict.ErrOutcomeUnknown unless it is Idempotent (DESIGN §3).
+// Deliveries waiting for a slot or backing off are untouched: nothing of
+// them is in flight.
 func (c *Client) watchLink() {
 	defer close(c.statusDone)
 	for range c.status {
-		c.failAllLegs(fmt.Errorf("own NATS link dropped with the leg in flight: %w", nats.ErrDisconnected))
+		c.interruptAll(evLinkDrop)
 	}
 }
 
@@ -146,18 +161,22 @@ func (c *Client) Identity() subjects.NodeID { return c.cfg.Identity }
 // verdict.IsResendable and verdict.Classify. Only resendable failures are
 // retried (same delivery ID, owner re-resolved each attempt); a leg timeout is
 // returned at once and never re-sent, because the hub may hold the delivery.
-// Invalid input returns verdict.ErrInvalidAddress or verdict.ErrPayloadTooLarge
-// before anything is sent; a closing client returns verdict.ErrClosing.
+// Invalid input returns verdict.ErrInvalidAddress, verdict.ErrInvalidID or
+// verdict.ErrPayloadTooLarge before anything is sent; a closing client
+// returns verdict.ErrClosing. If ctx's deadline passes while the delivery
+// waits for its lane, a slot or a back-off (nothing in flight, nothing
+// accepted) it returns verdict.ErrDeadlineUnsent: resendable, not a timeout.
+// If the owner departs before accepting it, it is re-resolved and re-sent.
 func (c *Client) Deliver(ctx context.Context, d Delivery) (Receipt, error) {
-	return c.deliver(ctx, &d, false)
+	return c.deliver(ctx, &d, nil)
 }
 
-func (c *Client) deliver(ctx context.Context, d *Delivery, expectResponse bool) (Receipt, error) {
-	key, t, err := c.begin(d)
+func (c *Client) deliver(ctx context.Context, d *Delivery, f *flight) (Receipt, error) {
+	key, t, err := c.begin(d, f == nil)
 	if err != nil {
 		return Receipt{ID: d.ID}, err
 	}
-	return c.run(ctx, d, key, t, expectResponse)
+	return c.run(ctx, d, key, t, f)
 }
 
 // Result is the outcome of [Client.DeliverAsync].
@@ -173,27 +192,33 @@ type Result struct {
 // DeliverAsync calls. ctx bounds the whole delivery, as for Deliver.
 func (c *Client) DeliverAsync(ctx context.Context, d Delivery) <-chan Result {
 	out := make(chan Result, 1)
-	key, t, err := c.begin(&d)
+	key, t, err := c.begin(&d, true)
 	if err != nil {
 		out <- Result{Receipt: Receipt{ID: d.ID}, Err: err}
 		return out
 	}
 	go func() {
-		r, err := c.run(ctx, &d, key, t, false)
+		r, err := c.run(ctx, &d, key, t, nil)
 		out <- Result{Receipt: r, Err: err}
 	}()
 	return out
 }
 
-// begin validates d and joins its lane.
-func (c *Client) begin(d *Delivery) (LaneKey, *laneTicket, error) {
-	if err := c.validate(d); err != nil {
-		c.count(err)
-		return LaneKey{}, nil, err
+// begin validates d and joins its lane; validate says whether d still
+// needs validating (Request validated it already).
+func (c *Client) begin(d *Delivery, validate bool) (LaneKey, *laneTicket, error) {
+	if validate {
+		if err := c.validate(d); err != nil {
+			c.count(err)
+			return LaneKey{}, nil, err
+		}
 	}
 	c.calls.Add(1)
 	if c.closing.Load() {
 		c.calls.Done()
+		if validate {
+			c.count(verdict.ErrClosing)
+		}
 		return LaneKey{}, nil, verdict.ErrClosing
 	}
 	key := laneKeyOf(d)
@@ -204,38 +229,70 @@ func (c *Client) begin(d *Delivery) (LaneKey, *laneTicket, error) {
 // without deadline is bounded by the request timeout; the bound is applied
 // where the call waits (lane, slot, leg, back-off) rather than by wrapping
 // ctx, which keeps the fast path free of timers.
-func (c *Client) run(ctx context.Context, d *Delivery, key LaneKey, t *laneTicket, expectResponse bool) (Receipt, error) {
+//
+// f is the Request's flight, or nil for a plain delivery; a Request counts
+// its own final outcome once its response came.
+func (c *Client) run(ctx context.Context, d *Delivery, key LaneKey, t *laneTicket, f *flight) (Receipt, error) {
 	defer c.calls.Done()
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(c.opts.requestTimeout)
 	}
 	if err := c.waitLane(ctx, deadline, key, t); err != nil {
-		c.count(err)
-		return Receipt{ID: d.ID}, fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
+		err = fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
+		if f == nil {
+			c.count(err)
+		}
+		return Receipt{ID: d.ID}, err
 	}
 	defer c.releaseLane(key, t)
-	r, err := c.attempts(ctx, deadline, d, expectResponse)
-	c.count(err)
+	if f == nil {
+		f = &flight{id: d.ID, idempotent: d.Idempotent}
+	}
+	r, err := c.attempts(ctx, deadline, d, f)
+	if err == nil {
+		c.accepted.Add(1)
+	}
+	if !f.request {
+		c.count(err)
+	}
 	return r, err
 }
 
-// count records how a delivery ended.
+// outcome is a delivery's final outcome as the counters record it: its
+// verdict type, with timeouts apart.
+type outcome uint8
+
+const (
+	outcomeTimeout = outcome(verdict.Ignored) + 1 + iota // Failed by a timeout: the callee may hold it
+	numOutcomes
+)
+
+func outcomeName(o outcome) string {
+	if o == outcomeTimeout {
+		return "Timeout"
+	}
+	return verdict.ErrorType(o).String()
+}
+
+// count records how a delivery ended (its final outcome).
 func (c *Client) count(err error) {
 	if err != nil {
 		c.failed.Add(1)
-	} else {
-		c.accepted.Add(1)
 	}
-	c.byVerdict[verdict.Classify(err)].Add(1)
+	o := outcome(verdict.Classify(err))
+	if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && !errors.Is(err, context.Canceled) {
+		o = outcomeTimeout
+	}
+	c.byOutcome[o].Add(1)
 }
 
 func (c *Client) validate(d *Delivery) error {
 	if d.ID == "" {
 		d.ID = c.nuid.next()
 	}
-	if len(d.ID) > hub.MaxIDLen {
-		return verdict.New(verdict.ReasonBadRequest, "delivery ID over %d bytes", hub.MaxIDLen)
+	if err := hub.ValidateID(d.ID); err != nil {
+		return err
 	}
 	if err := d.To.Validate(); err != nil {
 		return &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: "invalid destination address", Err: err}
@@ -271,15 +328,31 @@ func payloadTooLarge(n int, max int64) error {
 }
 
 // attempts runs the retry ladder while holding the lane.
-func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, expectResponse bool) (Receipt, error) {
+func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, f *flight) (Receipt, error) {
 	p := c.opts.retry
 	b := p.backoff()
 	var unplaced time.Time // since when no live node hosts the kind
 	placing := false
+	var last error
+	var node subjects.NodeID
 	for attempt := 1; ; attempt++ {
-		node, err := c.cfg.Resolver.Resolve(ctx, d.To)
+		if attempt > 1 {
+			if n, ok := c.answered(f); ok {
+				// Its response came although a leg's reply was lost: it
+				// was accepted.
+				return Receipt{ID: d.ID, Node: n, Attempts: attempt - 1}, nil
+			}
+			if err := ctx.Err(); errors.Is(err, context.Canceled) {
+				return Receipt{ID: d.ID, Node: node, Attempts: attempt - 1}, errors.Join(err, last)
+			}
+			if !time.Now().Before(deadline) {
+				return Receipt{ID: d.ID, Node: node, Attempts: attempt - 1}, unsent(d, attempt, last)
+			}
+		}
+		var err error
+		node, err = c.cfg.Resolver.Resolve(ctx, d.To)
 		if err == nil {
-			err = c.leg(ctx, deadline, d, node, attempt, expectResponse)
+			err = c.leg(ctx, deadline, d, f, node, attempt)
 			if err == nil {
 				return Receipt{ID: d.ID, Node: node, Attempts: attempt}, nil
 			}
@@ -292,7 +365,8 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 		} else {
 			err = fmt.Errorf("mesh: deliver %s to %s (attempt %d, node %s): %w", d.ID, d.To, attempt, node, err)
 		}
-		if !verdict.IsResendable(err) || attempt > p.MaxRetries {
+		last = err
+		if !verdict.IsResendable(err) || attempt > p.MaxRetries || errors.Is(err, verdict.ErrDeadlineUnsent) {
 			return Receipt{ID: d.ID, Node: node, Attempts: attempt}, err
 		}
 		if c.closing.Load() {
@@ -312,24 +386,94 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			}
 			wait = min(wait, left)
 		}
-		if serr := c.sleep(ctx, deadline, wait); serr != nil {
-			if c.closing.Load() {
+		if berr := c.backOff(ctx, deadline, f, node, wait); berr != nil {
+			switch {
+			case errors.Is(berr, verdict.ErrClosing):
 				return Receipt{ID: d.ID, Attempts: attempt}, errors.Join(verdict.ErrClosing, err)
-			}
-			if errors.Is(serr, context.Canceled) {
+			case errors.Is(berr, context.Canceled):
 				// The caller chose: Failed, not transient.
-				return Receipt{ID: d.ID, Attempts: attempt}, errors.Join(serr, err)
+				return Receipt{ID: d.ID, Attempts: attempt}, errors.Join(berr, err)
 			}
-			// Out of time while backing off: the last failure still says
-			// truthfully that the hub holds nothing.
-			return Receipt{ID: d.ID, Attempts: attempt}, fmt.Errorf("%w (gave up during back-off: %v)", err, serr)
+			return Receipt{ID: d.ID, Attempts: attempt}, unsent(d, attempt+1, err)
 		}
 		c.retries.Add(1)
 	}
 }
 
-// leg sends one attempt and decodes the verdict of its reply.
-func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, node subjects.NodeID, attempt int, expectResponse bool) error {
+// unsent is the verdict of a delivery whose deadline passed before its
+// attempt could be sent: resendable, Unavailable, never a timeout (no
+// callee holds it). last, the previous attempt's failure, is kept as text
+// only, so that its own class does not mask the fact.
+func unsent(d *Delivery, attempt int, last error) error {
+	msg := fmt.Sprintf("mesh: deliver %s to %s: deadline passed before attempt %d was sent", d.ID, d.To, attempt)
+	if last != nil {
+		msg += " (last failure: " + last.Error() + ")"
+	}
+	return &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: msg}
+}
+
+// backOff waits d before the next attempt, bounded by deadline. It is
+// indexed under the owner the last attempt went to: that owner's departure
+// cuts it short (the next attempt re-resolves at once). It returns nil to go
+// on, verdict.ErrClosing, the caller's context.Canceled, or
+// verdict.ErrDeadlineUnsent.
+func (c *Client) backOff(ctx context.Context, deadline time.Time, f *flight, node subjects.NodeID, d time.Duration) error {
+	sctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	// A departure known before the back-off does not cut it short: the
+	// last attempt met it already, and the next re-resolves anyway.
+	c.address(f, node, phaseWaiting, false)
+	defer c.unindex(f)
+	f.mu.Lock()
+	var serr error
+	f.backoff = true
+	if f.ev == evNone {
+		f.cancel = cancel
+		f.mu.Unlock()
+		serr = c.opts.clock.Sleep(sctx, d)
+		f.mu.Lock()
+	}
+	defer f.mu.Unlock()
+	f.cancel = nil
+	switch f.ev {
+	case evDeparted:
+		return nil // re-resolve now
+	case evClosing:
+		return verdict.ErrClosing
+	}
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+		return err
+	}
+	if serr != nil || !time.Now().Before(deadline) {
+		return verdict.ErrDeadlineUnsent
+	}
+	return nil
+}
+
+// answered reports whether a response for Request flight f arrived while
+// its legs' replies did not, and from which node.
+func (c *Client) answered(f *flight) (subjects.NodeID, bool) {
+	if !f.request {
+		return subjects.NodeID{}, false
+	}
+	f.mu.Lock()
+	n := f.node
+	ok := c.takeEarlyLocked(f, n)
+	f.mu.Unlock()
+	if !ok {
+		return subjects.NodeID{}, false
+	}
+	c.address(f, n, phaseAccepted, true)
+	f.mu.Lock()
+	f.wakeLocked()
+	f.mu.Unlock()
+	return n, true
+}
+
+// leg sends one attempt and decodes the verdict of its reply. On Accepted a
+// Request's flight stays indexed under node, in phaseAccepted; otherwise the
+// flight leaves the index.
+func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *flight, node subjects.NodeID, attempt int) error {
 	msg := &nats.Msg{
 		Subject: c.cfg.Prefix.Delivery(node, d.To, d.Stream),
 		Data:    d.Payload,
@@ -347,24 +491,39 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, node 
 	if d.From != "" {
 		h[hub.HeaderFrom] = []string{string(d.From)}
 	}
-	if expectResponse {
+	if f.request {
 		h[hub.HeaderExpectResponse] = []string{"true"}
 	}
-	if legEnd := time.Now().Add(c.opts.legTimeout); legEnd.Before(deadline) {
-		deadline = legEnd
-	}
-	legCtx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	ref := &legRef{cancel: cancel}
-	nl := c.trackLeg(node, ref)
-	defer nl.remove(ref)
+	c.address(f, node, phaseWaiting, true)
+	accepted := false
+	defer func() {
+		if !accepted {
+			c.unindex(f)
+		}
+	}()
+	// A slot is charged from the moment the leg is sent (DESIGN §4).
 	select {
 	case c.sem <- struct{}{}:
-	case <-legCtx.Done():
-		return fmt.Errorf("waiting for an in-flight slot: %w", legCtx.Err())
-	case <-c.stop:
-		return verdict.ErrClosing
+	default:
+		if err := c.waitSlot(ctx, deadline, f); err != nil {
+			return err
+		}
 	}
+	legEnd := time.Now().Add(c.opts.legTimeout)
+	if legEnd.After(deadline) {
+		legEnd = deadline
+	}
+	f.mu.Lock()
+	if err := f.causeLocked(); err != nil {
+		f.mu.Unlock()
+		<-c.sem
+		return err
+	}
+	legCtx, cancel := context.WithDeadline(ctx, legEnd)
+	defer cancel()
+	f.phase, f.cancel = phaseSent, cancel
+	f.mu.Unlock()
+
 	n := c.inFlight.Add(1)
 	for peak := c.peakInFlight.Load(); n > peak && !c.peakInFlight.CompareAndSwap(peak, n); peak = c.peakInFlight.Load() {
 	}
@@ -372,37 +531,84 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, node 
 	reply, err := c.cfg.Conn.RequestMsgWithContext(legCtx, msg)
 	c.observeInFlight(c.inFlight.Add(-1))
 	<-c.sem
-	if cause := ref.cause.Load(); cause != nil {
-		return *cause // the owner departed while the leg was in flight
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cancel = nil
+	if err == nil {
+		// The reply is the fact, whatever else happened meanwhile.
+		if _, verr := verdict.Decode(reply.Header); verr != nil {
+			f.phase = phaseWaiting // refused: the callee holds nothing
+			return verr
+		}
+		c.keys.learn(node, reply)
+		accepted = f.request
+		if f.request {
+			f.phase = phaseAccepted
+			c.takeEarlyLocked(f, node)
+		} else {
+			f.phase = phaseDone
+		}
+		return nil
 	}
+	if f.request && c.takeEarlyLocked(f, node) {
+		// Its genuine answer came although the reply was lost (node's
+		// answer key was known from an earlier acceptance): accepted.
+		accepted = true
+		f.phase = phaseAccepted
+		return nil
+	}
+	if cause := f.causeLocked(); cause != nil {
+		f.phase = phaseWaiting
+		return cause // the owner departed, the link dropped, the client closed
+	}
+	f.phase = phaseWaiting
 	if errors.Is(err, nats.ErrMaxPayload) {
 		return payloadTooLarge(len(d.Payload), c.cfg.Conn.MaxPayload())
 	}
-	if err != nil {
-		return err
-	}
-	_, err = verdict.Decode(reply.Header)
-	if err == nil {
-		c.keys.learn(node, reply)
-	}
-	return err
+	return err // a timeout (the callee may hold it), the caller's cancellation, no responders
 }
 
-// Close stops the client: new deliveries fail with verdict.ErrClosing,
-// retries in back-off stop at their next attempt, awaited requests fail with
-// verdict.ErrClosing, and the answer subscription is removed once the calls
-// in progress return. Safe to call more than once.
+// waitSlot waits for an in-flight slot. The verdict of a wait that ends
+// without one follows from the facts under f.mu: the first event recorded
+// (departed: resendable; closing), else the caller's cancellation (Failed),
+// else the deadline (verdict.ErrDeadlineUnsent: nothing was sent).
+func (c *Client) waitSlot(ctx context.Context, deadline time.Time, f *flight) error {
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	f.mu.Lock()
+	wake := f.wake
+	f.mu.Unlock()
+	select {
+	case c.sem <- struct{}{}:
+		return nil // an event meanwhile is read by the caller
+	case <-wake:
+	case <-wctx.Done():
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.causeLocked(); err != nil {
+		return fmt.Errorf("waiting for an in-flight slot: %w", err)
+	}
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+		return fmt.Errorf("waiting for an in-flight slot: %w", err)
+	}
+	return &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for an in-flight slot"}
+}
+
+// Close stops the client: new deliveries fail with verdict.ErrClosing, and
+// so at once do legs in flight, deliveries waiting for a slot or backing off
+// (resendable, but not by this process), and awaited Requests
+// (verdict.ErrOutcomeUnknown unless Idempotent: they were accepted). The
+// answer subscription is removed once the calls in progress return. Safe to
+// call more than once.
 func (c *Client) Close() {
 	c.closeOnce.Do(func() {
 		c.closing.Store(true)
+		c.shut.Store(true)
 		close(c.stop)
 		c.stopCancel()
-		c.pendingMu.Lock()
-		for id, p := range c.pending {
-			p.ch <- answer{err: verdict.ErrClosing}
-			delete(c.pending, id)
-		}
-		c.pendingMu.Unlock()
+		c.interruptAll(evClosing)
 		c.calls.Wait()
 		_ = c.answersSub.Unsubscribe()
 		c.cfg.Conn.RemoveStatusListener(c.status)
@@ -420,34 +626,41 @@ func (c *Client) Closed() <-chan struct{} { return c.closed }
 
 // ClientStats are the client's cumulative counters.
 type ClientStats struct {
-	Accepted int64 `json:"accepted"` // deliveries accepted
-	Failed   int64 `json:"failed"`   // deliveries that ended in a failure verdict
-	Retries  int64 `json:"retries"`  // re-sends after a resendable failure
-	// ByVerdict counts ended deliveries by verdict name ("Accepted",
-	// "Failed", "ShuttingDown", "Unavailable", "Ignored").
+	// Accepted counts deliveries a hub accepted (Deliver, DeliverAsync and
+	// the delivery part of Request): acceptance, not the final outcome.
+	Accepted int64 `json:"accepted"`
+	// Failed counts deliveries whose final outcome is a failure verdict
+	// (including a Request whose handler failed or whose response never
+	// came).
+	Failed  int64 `json:"failed"`
+	Retries int64 `json:"retries"` // re-sends after a resendable failure
+	// ByVerdict counts each delivery once, by its final outcome: a Deliver
+	// by the verdict it returned, a Request by its response ("Accepted") or
+	// failure. Keys: "Accepted", "Failed", "Timeout" (a Failed timeout: the
+	// callee may hold it, counted apart from "Failed"), "ShuttingDown",
+	// "Unavailable", "Ignored".
 	ByVerdict map[string]int64 `json:"by_verdict"`
 	// ForgedAnswers counts late verdicts and responses dropped because
 	// they did not carry the token of the generation that accepted the
 	// delivery (DESIGN §5): forgeries, or answers of another generation.
 	ForgedAnswers int64 `json:"forged_answers"`
+	// LateVerdicts counts late verdicts that reached a Deliver after its
+	// Accepted (see WithLateVerdicts).
+	LateVerdicts int64 `json:"late_verdicts"`
+	// Unmatched counts responses and late verdicts of Requests that matched
+	// no pending call (it had timed out or failed already): counted and
+	// dropped, never handed to another call.
+	Unmatched int64 `json:"unmatched_answers"`
 }
 
 // Stats returns the client's counters.
 func (c *Client) Stats() ClientStats {
-	s := ClientStats{Accepted: c.accepted.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), ByVerdict: map[string]int64{}, ForgedAnswers: c.forged.Load()}
-	for t := range c.byVerdict {
-		s.ByVerdict[verdict.ErrorType(t).String()] = c.byVerdict[t].Load()
+	s := ClientStats{Accepted: c.accepted.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), ByVerdict: map[string]int64{},
+		ForgedAnswers: c.forged.Load(), LateVerdicts: c.lateVerdicts.Load(), Unmatched: c.unmatched.Load()}
+	for o := range c.byOutcome {
+		s.ByVerdict[outcomeName(outcome(o))] = c.byOutcome[o].Load()
 	}
 	return s
-}
-
-// sleep backs off for d on the injected clock, bounded by deadline; Close
-// interrupts it.
-func (c *Client) sleep(ctx context.Context, deadline time.Time, d time.Duration) error {
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	defer context.AfterFunc(c.stopCtx, cancel)()
-	return c.opts.clock.Sleep(ctx, d)
 }
 
 // lockedNUID is a per-client NUID generator: the package-level nuid.Next

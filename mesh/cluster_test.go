@@ -150,8 +150,9 @@ func TestClaimRace(t *testing.T) {
 }
 
 // TestPromptFailureOnDeparture: requests awaiting responses from a node that
-// dies fail with the departed verdict once membership notices — not at their
-// timeout — and are not re-sent; deliveries after it succeed elsewhere.
+// dies fail with the outcome-unknown departed verdict once membership
+// notices — not at their timeout — and are not re-sent; deliveries after it
+// succeed elsewhere.
 func TestPromptFailureOnDeparture(t *testing.T) {
 	s := natstest.RunServer(t)
 	recA, recB := newRecorder(), newRecorder()
@@ -192,8 +193,8 @@ func TestPromptFailureOnDeparture(t *testing.T) {
 	b.Close()
 	for i := 0; i < reqs; i++ {
 		err := <-results
-		if !errors.Is(err, verdict.ErrDeparted) || verdict.Classify(err) != verdict.ShuttingDown {
-			t.Fatalf("request %d: %v; want the departed verdict", i, err)
+		if !errors.Is(err, verdict.ErrOutcomeUnknown) || !errors.Is(err, verdict.ErrDeparted) || verdict.IsResendable(err) || !verdict.IsTransient(err) || verdict.Classify(err) != verdict.Failed {
+			t.Fatalf("request %d: %v; want the outcome-unknown departed verdict (accepted: not resendable)", i, err)
 		}
 	}
 	took := time.Since(killed)

@@ -4,144 +4,297 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
-// Prompt failure (DESIGN §4): legs in flight and awaited responses are
-// indexed by the owner generation they went to, so that when membership
-// declares that generation gone every one of them fails at once with the
-// departed verdict instead of waiting out its timeout.
+// A delivery's verdict follows from two facts — was a leg of it sent, was it
+// accepted — never from which goroutine noticed an event first (DESIGN §3,
+// §4). Each delivery the client works on is a flight: its phase records
+// those facts, and it is indexed by the owner generation it is addressed to
+// (or that accepted it) only while it is in flight. An event (the owner's
+// departure, this client's link dropping, this client closing) is recorded
+// on the flight under its lock and wakes it; the goroutine working on the
+// flight decides its verdict under the same lock, from the phase it is in
+// and the first event recorded. So a departure, the caller's deadline, the
+// client closing and the in-flight slot cap reach one verdict for one set of
+// facts:
+//
+//	phase                          departure        link drop        closing
+//	waiting (slot, back-off)       departed (retry) —                closing
+//	sent (leg in flight)           departed (retry) disconnected     closing
+//	accepted (response awaited)    outcome unknown  outcome unknown  outcome unknown
+//
+// where "outcome unknown" is the resendable fact itself for an Idempotent
+// delivery. The caller's deadline while waiting is verdict.ErrDeadlineUnsent
+// (resendable, nothing was sent); while sent or accepted it is a timeout.
 
-// legRef is one leg in flight; FailNode sets cause and cancels it.
-type legRef struct {
-	cancel context.CancelFunc
-	cause  atomic.Pointer[error]
+// phase is what the sender knows happened to a delivery's current attempt.
+type phase uint8
+
+const (
+	phaseWaiting  phase = iota // nothing of this attempt is in flight: waiting for a slot or backing off
+	phaseSent                  // a leg is in flight, not answered yet
+	phaseAccepted              // a hub accepted it; its response is awaited (Request)
+	phaseDone                  // the verdict is decided: later events and answers find nothing
+)
+
+// event is something that happened to a flight from outside.
+type event uint8
+
+const (
+	evNone     event = iota
+	evDeparted       // the owner generation departed
+	evLinkDrop       // this client's own link dropped
+	evClosing        // this client is closing
+	evMoved          // the owner's connection moved with the leg in flight (FailInFlight)
+)
+
+// flight is one delivery while the client works on it. Safe for concurrent
+// use; every field after mu is guarded by it.
+type flight struct {
+	id         string
+	idempotent bool
+	request    bool // a Request: its response is awaited after acceptance
+
+	mu      sync.Mutex
+	phase   phase
+	node    subjects.NodeID // the owner addressed (waiting, sent) or the node that accepted it (accepted)
+	ev      event           // the first event since the phase's wait began
+	evText  string          // how the event happened, for the error text
+	evErr   error           // evMoved's verdict
+	wake    chan struct{}   // closed (once: woken) when ev is recorded or an answer arrives
+	woken   bool
+	backoff bool // the wait is a retry back-off (not a slot)
+	cancel  context.CancelFunc
+	early   []*nats.Msg // answers that overtook the acceptance (answers.go), unverified
+	ans     *answer     // the genuine response or late verdict that arrived for it
+	ansUsed bool        // ans is the verdict
 }
 
-// nodeLegs are the legs in flight to one node generation.
-type nodeLegs struct {
-	mu   sync.Mutex
-	legs map[*legRef]struct{}
-	gone error // set once the generation departed: later legs fail at once
+// answer is a response or late verdict that reached a Request. node is the
+// generation that sent it ("name.gen"): answer-binding compares it with the
+// flight's accepting node.
+type answer struct {
+	payload []byte
+	err     error
+	node    string
 }
 
-func (c *Client) trackLeg(node subjects.NodeID, ref *legRef) *nodeLegs {
-	v, ok := c.legsByNode.Load(node)
-	if !ok {
-		v, _ = c.legsByNode.LoadOrStore(node, &nodeLegs{legs: map[*legRef]struct{}{}})
+// flights indexes the client's flights by owner generation, and remembers
+// which generations departed. Safe for concurrent use.
+type flights struct {
+	mu     sync.Mutex
+	byNode map[subjects.NodeID]map[*flight]struct{}
+	gone   map[subjects.NodeID]string // departed generations and how
+}
+
+func newFlights() flights {
+	return flights{byNode: map[subjects.NodeID]map[*flight]struct{}{}, gone: map[subjects.NodeID]string{}}
+}
+
+// address starts a wait of f in phase p addressed to node: it indexes f
+// under node, with a fresh wake channel and no event, and records at once
+// that this client is closing, or — if checkGone — that node already
+// departed.
+func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone bool) {
+	c.fl.mu.Lock()
+	set := c.fl.byNode[node]
+	if set == nil {
+		set = map[*flight]struct{}{}
+		c.fl.byNode[node] = set
 	}
-	nl := v.(*nodeLegs)
-	nl.mu.Lock()
-	if nl.gone != nil {
-		err := nl.gone
-		ref.cause.Store(&err)
-		ref.cancel()
-	} else {
-		nl.legs[ref] = struct{}{}
+	set[f] = struct{}{}
+	how, gone := c.fl.gone[node]
+	f.mu.Lock()
+	c.fl.mu.Unlock()
+	f.phase, f.node, f.ev, f.evText, f.evErr, f.cancel, f.backoff = p, node, evNone, "", nil, nil, false
+	f.wake, f.woken = make(chan struct{}), false
+	if gone && checkGone {
+		f.recordLocked(evDeparted, how)
 	}
-	nl.mu.Unlock()
-	return nl
+	if c.shut.Load() {
+		f.recordLocked(evClosing, "")
+	}
+	f.mu.Unlock()
 }
 
-func (nl *nodeLegs) remove(ref *legRef) {
-	nl.mu.Lock()
-	delete(nl.legs, ref)
-	nl.mu.Unlock()
+// unindex removes f from the index.
+func (c *Client) unindex(f *flight) {
+	f.mu.Lock()
+	node := f.node
+	f.mu.Unlock()
+	c.fl.mu.Lock()
+	if set := c.fl.byNode[node]; set != nil {
+		delete(set, f)
+		if len(set) == 0 {
+			delete(c.fl.byNode, node)
+		}
+	}
+	c.fl.mu.Unlock()
+}
+
+// recordLocked records ev unless an event or the verdict came first, wakes
+// the flight and cancels its leg. Called with f.mu held.
+func (f *flight) recordLocked(ev event, how string) {
+	if f.ev != evNone || f.phase == phaseDone {
+		return
+	}
+	if ev == evLinkDrop && f.phase == phaseWaiting {
+		return // nothing of it is in flight: it is sent after the reconnect
+	}
+	f.ev, f.evText = ev, how
+	f.wakeLocked()
+	if f.cancel != nil {
+		f.cancel()
+	}
+}
+
+// wakeLocked closes f.wake once. Called with f.mu held.
+func (f *flight) wakeLocked() {
+	if f.wake != nil && !f.woken {
+		f.woken = true
+		close(f.wake)
+	}
+}
+
+func (f *flight) record(ev event, how string) {
+	f.mu.Lock()
+	f.recordLocked(ev, how)
+	f.mu.Unlock()
+}
+
+// causeLocked is the verdict of the recorded event in the current phase, or
+// nil if none was recorded. Called with f.mu held.
+func (f *flight) causeLocked() error {
+	var err error
+	switch f.ev {
+	case evNone:
+		return nil
+	case evDeparted:
+		err = departedError(f.node, f.evText)
+	case evLinkDrop:
+		err = fmt.Errorf("own NATS link dropped: %w", nats.ErrDisconnected)
+	case evClosing:
+		err = verdict.ErrClosing
+	case evMoved:
+		return f.evErr // only ever recorded on a leg in flight
+	}
+	if f.phase != phaseAccepted || f.idempotent {
+		return err
+	}
+	what := map[event]string{evDeparted: "its owner departed", evLinkDrop: "this sender's own link dropped", evClosing: "this client closed"}[f.ev]
+	return &verdict.Error{Reason: verdict.ReasonOutcomeUnknown, Node: f.node.String(), Err: err,
+		Message: fmt.Sprintf("accepted by %s, then %s before its response: the handler may have run", f.node, what)}
 }
 
 func departedError(node subjects.NodeID, how string) error {
-	return &verdict.Error{Reason: verdict.ReasonDeparted, Message: fmt.Sprintf("owner %s departed %s", node, how), Node: node.String()}
+	msg := fmt.Sprintf("owner %s departed", node)
+	if how != "" {
+		msg += " (" + how + ")"
+	}
+	return &verdict.Error{Reason: verdict.ReasonDeparted, Message: msg, Node: node.String()}
 }
 
-// FailNode fails at once everything in flight to node: each leg with the
-// departed verdict (ShuttingDown, resendable: Deliver re-resolves and sends
-// again) and each Request awaiting a response from it (the departed
-// verdict, not re-sent: its handler may have run — the caller must reconcile
-// that execution uncertainty). Legs sent to node afterwards fail at once
-// too. how describes the departure for the error text. Safe for concurrent
-// use; calling it twice for one node is harmless.
+// FailNode declares generation node gone (crash detected, graceful leave,
+// superseded): everything in flight to it that it had not accepted — legs
+// in flight, deliveries waiting for a slot or backing off after its refusal
+// — gets the departed verdict at once (ShuttingDown, resendable: Deliver
+// re-resolves and sends again), and every Request it had accepted whose
+// response is awaited fails at once with verdict.ErrOutcomeUnknown (or the
+// departed verdict if the delivery is Idempotent) and is never re-sent.
+// Flights addressed to node later meet the same verdict at once. how
+// describes the departure for the error text. Safe for concurrent use;
+// calling it twice for one node is harmless.
 func (c *Client) FailNode(node subjects.NodeID, how string) {
-	err := departedError(node, "("+how+")")
-	v, _ := c.legsByNode.LoadOrStore(node, &nodeLegs{legs: map[*legRef]struct{}{}})
-	nl := v.(*nodeLegs)
-	nl.mu.Lock()
-	if nl.gone == nil {
-		nl.gone = err
+	c.fl.mu.Lock()
+	if _, ok := c.fl.gone[node]; !ok {
+		c.fl.gone[node] = how
 	}
-	legs := nl.legs
-	nl.legs = map[*legRef]struct{}{}
-	nl.mu.Unlock()
-	for ref := range legs {
-		ref.cause.Store(&err)
-		ref.cancel()
+	how = c.fl.gone[node]
+	set := c.fl.byNode[node]
+	hit := make([]*flight, 0, len(set))
+	for f := range set {
+		hit = append(hit, f)
 	}
-	c.failPending(node, err)
+	c.fl.mu.Unlock()
+	for _, f := range hit {
+		f.mu.Lock()
+		if f.node == node {
+			f.recordLocked(evDeparted, how)
+		}
+		f.mu.Unlock()
+	}
 }
 
-// departed reports whether FailNode was called for node.
-func (c *Client) departed(node subjects.NodeID) bool {
-	v, ok := c.legsByNode.Load(node)
-	if !ok {
-		return false
-	}
-	nl := v.(*nodeLegs)
-	nl.mu.Lock()
-	defer nl.mu.Unlock()
-	return nl.gone != nil
-}
-
-func (c *Client) failPending(node subjects.NodeID, err error) {
-	c.pendingMu.Lock()
-	var fail []*pendingRequest
-	for id, p := range c.pending {
-		if p.node == node {
-			fail = append(fail, p)
-			delete(c.pending, id)
+// interruptAll records ev on every flight in flight.
+func (c *Client) interruptAll(ev event) {
+	c.fl.mu.Lock()
+	var hit []*flight
+	for _, set := range c.fl.byNode {
+		for f := range set {
+			hit = append(hit, f)
 		}
 	}
-	c.pendingMu.Unlock()
-	for _, p := range fail {
-		p.ch <- answer{err: err}
+	c.fl.mu.Unlock()
+	for _, f := range hit {
+		f.record(ev, "")
 	}
 }
 
-// failAllLegs fails every leg in flight, to any node, with err (which must be
-// resendable): the legs are re-sent, the lanes keep their order.
-func (c *Client) failAllLegs(err error) {
-	c.legsByNode.Range(func(_, v any) bool {
-		nl := v.(*nodeLegs)
-		nl.mu.Lock()
-		legs := nl.legs
-		nl.legs = map[*legRef]struct{}{}
-		nl.mu.Unlock()
-		for ref := range legs {
-			ref.cause.Store(&err)
-			ref.cancel()
+// countFlights counts the indexed flights for which pred holds (called
+// with the flight's lock held): a view for tests and the status report.
+func (c *Client) countFlights(pred func(f *flight) bool) int {
+	c.fl.mu.Lock()
+	defer c.fl.mu.Unlock()
+	n := 0
+	for _, set := range c.fl.byNode {
+		for f := range set {
+			f.mu.Lock()
+			if pred(f) {
+				n++
+			}
+			f.mu.Unlock()
 		}
-		return true
-	})
+	}
+	return n
+}
+
+func (c *Client) waiting() int {
+	return c.countFlights(func(f *flight) bool { return f.phase == phaseWaiting && !f.backoff })
+}
+
+func (c *Client) backingOff() int {
+	return c.countFlights(func(f *flight) bool { return f.phase == phaseWaiting && f.backoff })
+}
+
+func (c *Client) awaiting() int {
+	return c.countFlights(func(f *flight) bool { return f.phase == phaseAccepted })
 }
 
 // FailInFlight fails every leg in flight to node with err, which must be
 // resendable (the leg is re-sent with the same delivery ID; the receiver
 // dedupes), without marking node departed: its connection moved (its server
-// shut down, lame duck) and what was in transit may be lost. Awaited
-// responses are left alone. Safe for concurrent use.
+// shut down, lame duck) and what was in transit may be lost. Deliveries
+// waiting for a slot or backing off and awaited responses are left alone.
+// Safe for concurrent use.
 func (c *Client) FailInFlight(node subjects.NodeID, err error) {
-	v, ok := c.legsByNode.Load(node)
-	if !ok {
-		return
+	c.fl.mu.Lock()
+	set := c.fl.byNode[node]
+	hit := make([]*flight, 0, len(set))
+	for f := range set {
+		hit = append(hit, f)
 	}
-	nl := v.(*nodeLegs)
-	nl.mu.Lock()
-	legs := nl.legs
-	nl.legs = map[*legRef]struct{}{}
-	nl.mu.Unlock()
-	for ref := range legs {
-		ref.cause.Store(&err)
-		ref.cancel()
+	c.fl.mu.Unlock()
+	for _, f := range hit {
+		f.mu.Lock()
+		if f.node == node && f.phase == phaseSent {
+			f.evErr = err
+			f.recordLocked(evMoved, "")
+		}
+		f.mu.Unlock()
 	}
 }

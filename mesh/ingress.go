@@ -61,6 +61,7 @@ func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Strea
 		d.ID = h.Get(hub.HeaderID)
 		d.Type = h.Get(hub.HeaderType)
 		d.From = subjects.Address(h.Get(hub.HeaderFrom))
+		d.Idempotent = h.Get(hub.HeaderIdempotent) == "true"
 	}
 	ctx := context.Background()
 	if h != nil && h.Get(hub.HeaderExpectResponse) == "true" {

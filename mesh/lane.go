@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -57,7 +58,8 @@ func (c *Client) enqueueLane(key LaneKey) *laneTicket {
 }
 
 // waitLane blocks until t holds its lane, or ctx ends or the client closes;
-// on error the ticket has left the lane.
+// on error (context.Canceled, verdict.ErrDeadlineUnsent, verdict.ErrClosing)
+// the ticket has left the lane.
 func (c *Client) waitLane(ctx context.Context, deadline time.Time, key LaneKey, t *laneTicket) error {
 	if t.ready == nil {
 		return nil
@@ -69,7 +71,12 @@ func (c *Client) waitLane(ctx context.Context, deadline time.Time, key LaneKey, 
 	case <-t.ready:
 		return nil
 	case <-ctx.Done():
+		// Nothing was sent: the caller's cancellation is its choice
+		// (Failed); a deadline is not a timeout (no callee holds it).
 		err = ctx.Err()
+		if !errors.Is(err, context.Canceled) {
+			err = &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}
+		}
 	case <-c.stop:
 		err = verdict.ErrClosing
 	}

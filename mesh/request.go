@@ -17,124 +17,215 @@ type Response struct {
 	Payload []byte
 }
 
-type answer struct {
-	payload []byte
-	err     error
-}
-
-// pendingRequest is a Request awaiting its response; node is set once a
-// node accepted it, so the owner's departure fails it at once.
-type pendingRequest struct {
-	ch    chan answer
-	node  subjects.NodeID
-	early []*nats.Msg // answers that overtook the acceptance (answers.go)
-}
-
 // Request delivers d, then waits for the handler's response, correlated by
 // delivery ID; the handler answers with hub.Delivery.Respond (or by returning:
-// an empty response, or its error as verdict.ErrHandler).
+// an empty response, or its error as verdict.ErrHandler). Safe for concurrent
+// use; two Requests of one client may not share an ID at once (the second
+// fails with verdict.ErrBadRequest).
 //
 // Acceptance and response are two separate facts. The delivery part behaves
 // as Deliver (retries only before acceptance). Once accepted, the request is
-// never re-sent: if the response does not come by ctx's deadline (or the
-// request timeout when ctx has none) Request fails with
-// context.DeadlineExceeded — a timeout, Failed, not resendable — and the
-// handler may or may not have run: the caller must reconcile that execution
-// uncertainty (for instance by making the operation idempotent under the
-// delivery ID it chose). A late verdict for the delivery (its hub's build
-// failed, or it was deactivated before handling) fails the request with that
-// verdict.
+// never re-sent:
+//   - if the response does not come by ctx's deadline (or the request
+//     timeout when ctx has none) Request fails with context.DeadlineExceeded
+//     — a timeout, Failed, not resendable;
+//   - if the accepting owner departs, this client's own link drops or the
+//     client closes while the response is awaited, Request fails at once
+//     with verdict.ErrOutcomeUnknown (Failed, not resendable), or — for an
+//     Idempotent delivery — with the resendable fact itself (the departed
+//     verdict, nats.ErrDisconnected, verdict.ErrClosing: ShuttingDown).
+//
+// In the first two cases the handler may or may not have run: the caller
+// must reconcile that execution uncertainty (for instance by making the
+// operation idempotent under the delivery ID it chose). A late verdict for
+// the delivery (its hub's build failed, or it was deactivated before
+// handling) fails the request with that verdict. A response that arrives
+// after Request returned is counted in ClientStats.Unmatched and dropped.
 func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.requestTimeout)
 		defer cancel()
 	}
-	if err := c.validate(&d); err != nil {
+	resp, err := c.request(ctx, &d)
+	c.count(err)
+	return resp, err
+}
+
+func (c *Client) request(ctx context.Context, d *Delivery) (Response, error) {
+	if err := c.validate(d); err != nil {
 		return Response{Receipt: Receipt{ID: d.ID}}, err
 	}
-	p := &pendingRequest{ch: make(chan answer, 1)}
-	ch := p.ch
+	f := &flight{id: d.ID, idempotent: d.Idempotent, request: true}
 	c.pendingMu.Lock()
 	if c.closing.Load() {
 		c.pendingMu.Unlock()
 		return Response{Receipt: Receipt{ID: d.ID}}, verdict.ErrClosing
 	}
-	c.pending[d.ID] = p
+	if _, dup := c.pending[d.ID]; dup {
+		c.pendingMu.Unlock()
+		return Response{Receipt: Receipt{ID: d.ID}}, verdict.New(verdict.ReasonBadRequest, "a Request with ID %q is already awaiting its response on this client", d.ID)
+	}
+	c.pending[d.ID] = f
 	c.pendingMu.Unlock()
 	defer func() {
+		// The verdict is decided: an answer arriving from now on matches
+		// no pending call.
+		f.mu.Lock()
+		f.phase = phaseDone
+		if f.ans != nil && !f.ansUsed {
+			// It came between a leg's failure and the verdict.
+			c.unmatched.Add(1)
+		}
+		for _, m := range f.early { // held for an acceptance that never came
+			node, _ := subjects.ParseNodeID(m.Header.Get(verdict.HeaderNode))
+			if c.genuine(m, d.ID, node) {
+				c.unmatchedAnswer(m, d.ID)
+			} else {
+				c.forgedAnswer(m, d.ID)
+			}
+		}
+		f.early = nil
+		f.mu.Unlock()
 		c.pendingMu.Lock()
-		delete(c.pending, d.ID)
+		if c.pending[d.ID] == f {
+			delete(c.pending, d.ID)
+		}
 		c.pendingMu.Unlock()
 	}()
-	r, err := c.deliver(ctx, &d, true)
+	r, err := c.deliver(ctx, d, f)
 	if err != nil {
 		return Response{Receipt: r}, err
 	}
-	c.pendingMu.Lock()
-	p.node = r.Node
-	early := p.early
-	p.early = nil
-	c.pendingMu.Unlock()
-	for _, m := range early {
-		c.dispatchAnswer(m)
-	}
-	if c.departed(r.Node) {
-		c.failPending(r.Node, departedError(r.Node, "before its response"))
-	}
+	defer c.unindex(f)
+	return c.awaitResponse(ctx, d, f, r)
+}
+
+// awaitResponse waits for an accepted Request's response. Its verdict
+// follows from the facts under f.mu when the wait ends: an answer that
+// arrived wins; else the first event recorded (outcome unknown, or the
+// resendable fact for an Idempotent delivery); else the caller's
+// cancellation; else the deadline (a timeout).
+func (c *Client) awaitResponse(ctx context.Context, d *Delivery, f *flight, r Receipt) (Response, error) {
+	f.mu.Lock()
+	wake := f.wake
+	f.mu.Unlock()
 	select {
-	case a := <-ch:
-		if a.err != nil {
-			return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, a.err)
-		}
-		return Response{Receipt: r, Payload: a.payload}, nil
+	case <-wake:
 	case <-ctx.Done():
-		return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s accepted by %s, no response: %w", d.ID, d.To, r.Node, ctx.Err())
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cause := f.causeLocked()
+	f.phase = phaseDone
+	f.ansUsed = f.ans != nil
+	switch {
+	case f.ans != nil && f.ans.err != nil:
+		return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, f.ans.err)
+	case f.ans != nil:
+		return Response{Receipt: r, Payload: f.ans.payload}, nil
+	case cause != nil:
+		return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, cause)
+	}
+	return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s accepted by %s, no response: %w", d.ID, d.To, r.Node, ctx.Err())
 }
 
 // dispatchAnswer receives late verdicts and responses on the answer subject.
+// An answer is taken only with the token of the generation that accepted the
+// delivery (answers.go); one that overtook its acceptance reply is held
+// (bounded) until the acceptance names that generation. An answer for a
+// pending Request goes to that call only; a genuine one for a Request that
+// is no longer pending (or already answered) is counted
+// (ClientStats.Unmatched) and dropped; a late verdict of a Deliver goes to
+// WithLateVerdicts.
 func (c *Client) dispatchAnswer(m *nats.Msg) {
 	id := m.Header.Get(hub.HeaderID)
-	_, err := verdict.Decode(m.Header)
 	kind := m.Header.Get(hub.HeaderAnswer)
+	if kind != hub.AnswerResponse && kind != hub.AnswerVerdict {
+		return
+	}
 	c.pendingMu.Lock()
-	p, ok := c.pending[id]
-	if ok && p.node.IsZero() {
-		// Not accepted yet as far as this client knows: hold the answer
-		// until the acceptance names the generation it must come from.
-		if len(p.early) < maxEarlyAnswers {
-			p.early = append(p.early, m)
-			c.pendingMu.Unlock()
-			return
-		}
-		c.pendingMu.Unlock()
-		c.forgedAnswer(m, id)
-		return
-	}
-	if ok && !c.genuine(m, id, p.node) {
-		c.pendingMu.Unlock()
-		c.forgedAnswer(m, id)
-		return
-	}
-	if ok {
-		delete(c.pending, id)
-	}
+	f := c.pending[id]
 	c.pendingMu.Unlock()
-	if ok {
-		p.ch <- answer{payload: m.Data, err: err}
-		return
-	}
-	if kind == hub.AnswerVerdict && err != nil {
-		node, _ := subjects.ParseNodeID(m.Header.Get(verdict.HeaderNode))
-		if !c.genuine(m, id, node) {
+	if f != nil {
+		f.mu.Lock()
+		switch {
+		case f.phase == phaseWaiting || f.phase == phaseSent:
+			// Not accepted yet as far as this client knows: hold it until
+			// the acceptance names the generation it must come from.
+			if len(f.early) < maxEarlyAnswers {
+				f.early = append(f.early, m)
+				f.mu.Unlock()
+				return
+			}
+			f.mu.Unlock()
 			c.forgedAnswer(m, id)
 			return
+		case !c.genuine(m, id, f.node):
+			f.mu.Unlock()
+			c.forgedAnswer(m, id)
+			return
+		case f.phase == phaseAccepted && f.ans == nil:
+			f.takeLocked(m)
+			f.mu.Unlock()
+			return
 		}
+		f.mu.Unlock()
+		c.unmatchedAnswer(m, id)
+		return
+	}
+	node, _ := subjects.ParseNodeID(m.Header.Get(verdict.HeaderNode))
+	if !c.genuine(m, id, node) {
+		c.forgedAnswer(m, id)
+		return
+	}
+	if kind == hub.AnswerResponse || m.Header.Get(hub.HeaderExpectResponse) == "true" {
+		c.unmatchedAnswer(m, id)
+		return
+	}
+	if _, err := verdict.Decode(m.Header); err != nil {
+		c.lateVerdicts.Add(1)
 		if f := c.opts.onLate; f != nil {
 			f(LateVerdict{ID: id, Err: err})
 		} else {
 			c.log.Warn("late verdict for a delivery", "id", id, "err", err)
 		}
 	}
+}
+
+// unmatchedAnswer counts a genuine answer that matches no pending call.
+func (c *Client) unmatchedAnswer(m *nats.Msg, id string) {
+	c.unmatched.Add(1)
+	c.log.Debug("answer matched no pending request", "id", id, "answer", m.Header.Get(hub.HeaderAnswer), "node", m.Header.Get(verdict.HeaderNode))
+}
+
+// takeLocked makes genuine answer m the flight's answer and wakes it.
+// Called with f.mu held.
+func (f *flight) takeLocked(m *nats.Msg) {
+	node, err := verdict.Decode(m.Header)
+	if m.Header.Get(hub.HeaderAnswer) == hub.AnswerVerdict && err == nil {
+		err = &verdict.Error{Reason: verdict.ReasonBadRequest, Message: "late verdict without a failure", Node: node}
+	}
+	f.ans = &answer{payload: m.Data, err: err, node: node}
+	f.wakeLocked()
+}
+
+// takeEarlyLocked checks the answers held for f against node's answer key:
+// the first genuine one becomes its answer; forgeries are counted; genuine
+// extras are unmatched. It reports whether f has an answer. Called with
+// f.mu held.
+func (c *Client) takeEarlyLocked(f *flight, node subjects.NodeID) bool {
+	early := f.early
+	f.early = nil
+	for _, m := range early {
+		switch {
+		case !c.genuine(m, f.id, node):
+			c.forgedAnswer(m, f.id)
+		case f.ans == nil:
+			f.takeLocked(m)
+		default:
+			c.unmatchedAnswer(m, f.id)
+		}
+	}
+	return f.ans != nil
 }

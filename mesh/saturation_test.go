@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -164,8 +165,8 @@ func TestInFlightCap(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	_, err := c.Deliver(ctx, Delivery{To: "k/extra"})
-	if err == nil || verdict.IsResendable(err) {
-		t.Errorf("a caller over the cap: %v; want its ctx deadline", err)
+	if !errors.Is(err, verdict.ErrDeadlineUnsent) || !verdict.IsResendable(err) || verdict.Classify(err) != verdict.Unavailable {
+		t.Errorf("a caller over the cap: %v; want its deadline passed before anything was sent (resendable Unavailable)", err)
 	}
 	if got := intake.count(); got != 3 || c.Saturation().LegsInFlight != 3 {
 		t.Errorf("held %d, in flight %d; want 3", got, c.Saturation().LegsInFlight)

@@ -25,6 +25,15 @@
 // recovering" about a plausibly wedged target would arm an unbounded
 // resubscribe against it.
 //
+// An unknown outcome ([ErrOutcomeUnknown]) sits on the timeout's rung for the
+// same reason: a hub accepted the delivery, then the answer that was awaited
+// was lost (its owner departed, the sender's own link dropped, the sender
+// closed), so the handler may have run. It is reported at once, not at the
+// deadline. A delivery marked Idempotent gets the underlying resendable
+// verdict instead. The reverse case — the caller's deadline passed while
+// nothing was in flight and nothing accepted ([ErrDeadlineUnsent]) — is
+// Unavailable and resendable, never a timeout.
+//
 // The predicates walk the whole error graph ([errors.Is] and [errors.As] over
 // %w-wrapped and [errors.Join]ed errors), and their answers do not depend on
 // where in the graph a fact sits: a timeout anywhere makes the error

@@ -27,6 +27,12 @@ const (
 	ReasonUnknownKind      // this node hosts no hub of the address's kind
 	ReasonInvalidAddress   // the address, stream or type is invalid
 	ReasonPayloadTooLarge  // the payload is over the server's max_payload
+	// Added in round 2; appended so older numbering stays stable (the wire
+	// carries names, not numbers).
+	ReasonOutcomeUnknown // accepted, then the answer was lost: the handler may have run
+	ReasonDeadlineUnsent // the caller's deadline passed before any leg was sent
+	ReasonInvalidID      // the delivery ID is not 1-128 bytes of printable ASCII without spaces
+	ReasonResponseGone   // a duplicate of a handled request whose response is no longer kept
 	numReasons
 )
 
@@ -46,6 +52,10 @@ var reasonNames = [numReasons]string{
 	ReasonUnknownKind:      "unknown-kind",
 	ReasonInvalidAddress:   "invalid-address",
 	ReasonPayloadTooLarge:  "payload-too-large",
+	ReasonOutcomeUnknown:   "outcome-unknown",
+	ReasonDeadlineUnsent:   "deadline-unsent",
+	ReasonInvalidID:        "invalid-id",
+	ReasonResponseGone:     "response-gone",
 }
 
 // String returns the reason's wire name, e.g. "not-owner".
@@ -66,7 +76,9 @@ func parseReason(s string) Reason {
 	return ReasonUnknown
 }
 
-// rung is a reason's fixed place on the ladder (DESIGN §3).
+// rung is a reason's fixed place on the ladder (DESIGN §3). A rung that is
+// transient but not resendable says the callee may hold the delivery, as a
+// timeout does.
 type rung struct {
 	typ        ErrorType
 	transient  bool
@@ -89,6 +101,10 @@ var ladder = [numReasons]rung{
 	ReasonUnknownKind:      {Failed, false, false},
 	ReasonInvalidAddress:   {Failed, false, false},
 	ReasonPayloadTooLarge:  {Failed, false, false},
+	ReasonOutcomeUnknown:   {Failed, true, false},
+	ReasonDeadlineUnsent:   {Unavailable, true, true},
+	ReasonInvalidID:        {Failed, false, false},
+	ReasonResponseGone:     {Failed, false, false},
 }
 
 // Sentinels, one per [Reason]. Every *[Error] of the same reason matches its
@@ -133,6 +149,27 @@ var (
 	// ErrPayloadTooLarge: the payload is over the server's max_payload;
 	// nothing was sent. Failed.
 	ErrPayloadTooLarge = sentinel(ReasonPayloadTooLarge, "payload too large")
+	// ErrOutcomeUnknown: a hub accepted the delivery, then the answer that
+	// was awaited (a Request's response, a late verdict) was lost — its
+	// owner departed, or this sender's own link dropped, or this client
+	// closed — so the handler may or may not have run. Failed, transient but
+	// not resendable (like a timeout): the caller reconciles. A delivery
+	// marked Idempotent gets the underlying resendable verdict instead.
+	ErrOutcomeUnknown = sentinel(ReasonOutcomeUnknown, "outcome unknown")
+	// ErrDeadlineUnsent: the caller's deadline passed while the delivery
+	// waited for its lane, an in-flight slot or a back-off, with no leg in
+	// flight and nothing accepted. Unavailable, resendable: never a timeout,
+	// because no callee holds it.
+	ErrDeadlineUnsent = sentinel(ReasonDeadlineUnsent, "deadline passed before the delivery was sent")
+	// ErrInvalidID: the delivery ID is not 1-128 bytes of printable ASCII
+	// without spaces (NATS trims whitespace in header values, which would
+	// merge IDs). Failed, returned before anything is sent; hubs and the
+	// ingress refuse such a delivery with it.
+	ErrInvalidID = sentinel(ReasonInvalidID, "invalid delivery ID")
+	// ErrResponseGone: a duplicate of a Request that was already handled,
+	// whose response the hub no longer keeps (the bounded response store
+	// evicted it). Failed: the handler ran once; its response is lost.
+	ErrResponseGone = sentinel(ReasonResponseGone, "response no longer kept")
 )
 
 func sentinel(r Reason, msg string) *Error {

@@ -95,10 +95,14 @@ func (e *Error) Verdict() ErrorType { return e.rung().typ }
 func (e *Error) Unwrap() error { return e.Err }
 
 // Is reports whether target is an *Error of the same known reason (the
-// sentinels in errors.go are such errors).
+// sentinels in errors.go are such errors). An invalid delivery ID is a bad
+// request too: it matches [ErrBadRequest] as well as [ErrInvalidID].
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
-	return ok && t.Reason != ReasonUnknown && t.Reason == e.Reason
+	if !ok || t.Reason == ReasonUnknown {
+		return false
+	}
+	return t.Reason == e.Reason || t.Reason == ReasonBadRequest && e.Reason == ReasonInvalidID
 }
 
 func (e *Error) rung() rung { return rungOf(e.Reason, e.Type) }
@@ -122,7 +126,7 @@ func rungOf(r Reason, typ ErrorType) rung {
 // facts are what an error graph says, independent of where each sits.
 type facts struct {
 	canceled   bool      // the caller's own ctx was cancelled
-	timeout    bool      // a leg timed out: the callee may hold it
+	mayHold    bool      // a leg timed out, or the outcome is unknown: the callee may hold it
 	terminal   ErrorType // strongest terminal verdict seen, Accepted if none
 	resendable ErrorType // strongest resendable verdict seen, Accepted if none
 }
@@ -151,7 +155,7 @@ func (f *facts) leaf(err error) {
 	case err == context.Canceled:
 		f.canceled = true
 	case err == context.DeadlineExceeded || err == nats.ErrTimeout:
-		f.timeout = true
+		f.mayHold = true
 	case err == nats.ErrNoResponders, // the generation holds no subscription
 		err == nats.ErrDisconnected,         // own link dropped, leg in flight
 		err == nats.ErrReconnectBufExceeded, // nothing was sent
@@ -172,7 +176,9 @@ func collect(err error) facts {
 		}
 		if e, ok := err.(*Error); ok {
 			r := e.rung()
-			if r.resendable {
+			if r.transient && !r.resendable {
+				f.mayHold = true
+			} else if r.resendable {
 				f.addResendable(r.typ)
 			} else {
 				f.addTerminal(r.typ)
@@ -194,29 +200,32 @@ func collect(err error) facts {
 }
 
 // IsTransient reports whether another attempt of the delivery is conceivable
-// at all: the graph holds a timeout or a resendable fact, and no caller
+// at all: the graph holds a timeout, an unknown outcome ([ErrOutcomeUnknown])
+// or a resendable fact, and no caller
 // cancellation and no terminal refusal. IsTransient(nil) is false.
 func IsTransient(err error) bool {
 	if err == nil {
 		return false
 	}
 	f := collect(err)
-	return !f.canceled && f.terminal == Accepted && (f.timeout || f.resendable != Accepted)
+	return !f.canceled && f.terminal == Accepted && (f.mayHold || f.resendable != Accepted)
 }
 
 // IsResendable reports whether the same delivery may be sent again now (after
-// re-resolving its owner): it is transient and no timeout appears anywhere
-// in the graph — a timed-out callee may still hold the delivery.
+// re-resolving its owner): it is transient and no timeout and no unknown
+// outcome appears anywhere in the graph — a timed-out callee, or one that
+// accepted the delivery before its answer was lost, may still hold it.
 func IsResendable(err error) bool {
 	if err == nil {
 		return false
 	}
 	f := collect(err)
-	return !f.canceled && f.terminal == Accepted && !f.timeout && f.resendable != Accepted
+	return !f.canceled && f.terminal == Accepted && !f.mayHold && f.resendable != Accepted
 }
 
 // Classify returns the verdict an error reports: Accepted for nil; Failed for
-// a caller's cancellation or a timeout anywhere in the graph; else the
+// a caller's cancellation, a timeout or an unknown outcome anywhere in the
+// graph; else the
 // strongest terminal verdict present (Failed > Unavailable > Ignored); else
 // the strongest resendable one (ShuttingDown > Unavailable); Failed for an
 // error the mesh does not recognise. Classify(err) == ShuttingDown implies
@@ -227,7 +236,7 @@ func Classify(err error) ErrorType {
 	}
 	f := collect(err)
 	switch {
-	case f.canceled, f.timeout:
+	case f.canceled, f.mayHold:
 		return Failed
 	case f.terminal != Accepted:
 		return f.terminal

@@ -153,7 +153,8 @@ func (o *Owner) send(sub subjects.Address, stream subjects.Stream, f Frame) {
 	o.frames++
 	o.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), SendTimeout)
-	res := o.sender.DeliverAsync(ctx, mesh.Delivery{From: o.self, To: sub, Stream: stream, Type: TypeFrame, Payload: encode(f)})
+	res := o.sender.DeliverAsync(ctx, mesh.Delivery{From: o.self, To: sub, Stream: stream, Type: TypeFrame, Payload: encode(f),
+		Idempotent: true}) // the subscriber's (epoch, version) guard drops a frame applied twice
 	go func() {
 		defer cancel()
 		r := <-res

@@ -352,7 +352,8 @@ func (s *Subscription) subscribeOnce() error {
 	}()
 	resp, err := s.node.Request(ctx, mesh.Delivery{
 		From: s.self, To: s.owner, Stream: s.stream, Type: TypeSubscribe,
-		Payload: encode(subscribeRequest{Subscriber: s.self, Stream: s.stream, Attempt: attempt}),
+		Payload:    encode(subscribeRequest{Subscriber: s.self, Stream: s.stream, Attempt: attempt}),
+		Idempotent: true, // a second subscribe under one ID re-sends the snapshot
 	})
 	if err != nil {
 		return err
