@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -297,6 +298,7 @@ func TestBackoffDeparture(t *testing.T) {
 	})
 	clock := &fakeClock{gate: make(chan struct{})} // back-offs last until their ctx ends
 	c := newClient(t, natstest.Connect(t, s), res, WithClock(clock))
+	inBackoff := 0
 	for rep := range reps(t, 200) {
 		addr := subjects.Address(fmt.Sprintf("rec/b%d", rep))
 		x := subjects.NodeID{Name: "x", Generation: uint64(rep + 1)}
@@ -312,12 +314,19 @@ func TestBackoffDeparture(t *testing.T) {
 			}
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		_, err := c.Deliver(ctx, Delivery{To: addr})
 		cancel()
+		if errors.Is(err, context.DeadlineExceeded) && !verdict.IsResendable(err) && strings.Contains(err.Error(), "attempt 1") {
+			continue // other facts: the deadline passed with the first leg in flight (a loaded machine)
+		}
 		if !errors.Is(err, verdict.ErrDeadlineUnsent) || !verdict.IsResendable(err) || verdict.Classify(err) != verdict.Unavailable {
 			t.Fatalf("rep %d: %v; want resendable Unavailable", rep, err)
 		}
+		inBackoff++
+	}
+	if inBackoff == 0 {
+		t.Errorf("no repetition reached its deadline in back-off")
 	}
 }
 
@@ -354,8 +363,14 @@ func TestAcceptedRequestDeparture(t *testing.T) {
 		c.FailNode(node, "test departure")
 		err := <-ch
 		cancel()
-		if in.count(id) != 1 {
-			t.Fatalf("rep %d: sent %d times", rep, in.count(id))
+		if n := in.count(id); n == 0 && racing {
+			// The deadline passed before it was sent (a loaded machine).
+			if !errors.Is(err, verdict.ErrDeadlineUnsent) || !verdict.IsResendable(err) {
+				t.Fatalf("rep %d: nothing sent, yet %v", rep, err)
+			}
+			continue
+		} else if n != 1 {
+			t.Fatalf("rep %d: sent %d times", rep, n)
 		}
 		switch {
 		case racing && errors.Is(err, context.DeadlineExceeded):
