@@ -60,6 +60,10 @@ type NodeStatus struct {
 	Client     ClientStats `json:"client"`
 	Saturation Saturation  `json:"saturation"`
 	Ingress    int64       `json:"ingress"` // ingress messages taken
+	// IngressRefused counts ingress and control requests dropped unanswered
+	// because their reply subject is one a node must never publish to
+	// (SECURITY.md).
+	IngressRefused int64 `json:"ingress_refused"`
 	// With membership: the registry as this node sees it, departures of
 	// other generations it observed, times it was fenced and rejoined, and
 	// the addresses it holds claims on.
@@ -110,7 +114,7 @@ func (n *Node) Status() NodeStatus {
 		Node: n.ID().String(), Name: n.cfg.Name, Generation: n.ID().Generation,
 		Prefix: string(n.prefix), Version: Version, Build: buildinfo.Read().Short(), Started: n.started, Kinds: kinds,
 		Draining: n.draining.Load(), Host: hs, Client: n.Client.Stats(),
-		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(),
+		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(), IngressRefused: n.badReplies.Load(),
 		Membership: n.membershipStatus(),
 	}
 }
@@ -164,7 +168,13 @@ func (n *Node) serveControl() error {
 	}
 	n.svc = svc
 	add := func(verb string, h func(micro.Request)) error {
-		return svc.AddEndpoint(verb, micro.HandlerFunc(h), micro.WithEndpointSubject(n.ControlSubject(verb)), micro.WithEndpointQueueGroupDisabled())
+		guarded := func(r micro.Request) {
+			if r.Reply() != "" && !n.safeReply(r.Reply()) {
+				return
+			}
+			h(r)
+		}
+		return svc.AddEndpoint(verb, micro.HandlerFunc(guarded), micro.WithEndpointSubject(n.ControlSubject(verb)), micro.WithEndpointQueueGroupDisabled())
 	}
 	respond := func(req micro.Request, v any) {
 		b, err := json.Marshal(v)

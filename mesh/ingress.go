@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -35,6 +36,9 @@ func (n *Node) serveIngress() error {
 
 func (n *Node) ingress(m *nats.Msg) {
 	n.ingressCount.Add(1)
+	if m.Reply != "" && !n.safeReply(m.Reply) {
+		return
+	}
 	addr, stream, err := n.prefix.ParseIngress(m.Subject)
 	if err != nil {
 		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: err.Error()}, nil)
@@ -71,6 +75,30 @@ func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Strea
 	}
 	r, err := n.Client.Deliver(ctx, d)
 	n.answerIngress(m, r.ID, nodeOf(r), err, nil)
+}
+
+// safeReply reports whether the node may publish an answer to reply, a
+// subject the requester chose freely (NATS checks no permission on reply
+// subjects, and the node publishes with its own): a literal subject, not
+// under "$" (the JetStream API, KV buckets, system and service subjects),
+// and not under the mesh's prefix (control, deliveries, answers). A refusal
+// is counted (NodeStatus.IngressRefused) and logged at the first and every
+// power of two; the request is dropped unanswered.
+func (n *Node) safeReply(reply string) bool {
+	bad := reply == "" || strings.HasPrefix(reply, "$") || strings.HasPrefix(reply, string(n.prefix)+".")
+	for tok := range strings.SplitSeq(reply, ".") {
+		if bad {
+			break
+		}
+		bad = tok == "" || tok == "*" || tok == ">" || strings.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f })
+	}
+	if !bad {
+		return true
+	}
+	if c := n.badReplies.Add(1); c&(c-1) == 0 {
+		n.log.Warn("request dropped: a node never answers on that reply subject (SECURITY.md)", "reply", reply, "refused_total", c)
+	}
+	return false
 }
 
 func nodeOf(r Receipt) string {

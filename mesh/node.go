@@ -127,6 +127,7 @@ type Node struct {
 	ingressSem   chan struct{}
 	ingressWG    sync.WaitGroup
 	ingressCount atomic.Int64
+	badReplies   atomic.Int64 // ingress and control requests refused for their reply subject
 	svc          micro.Service
 	draining     atomic.Bool
 	stopOnce     sync.Once

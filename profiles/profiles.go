@@ -6,7 +6,8 @@
 //
 //	profile   may publish                                   may subscribe
 //	node      <prefix>.>, the JetStream API of the mesh's   <prefix>.>, $SRV.>, the disconnect
-//	          three buckets, _INBOX.> and the node inbox    advisory, the node inbox
+//	          three buckets (no update, purge, delete),     advisory, the node inbox
+//	          _INBOX.> and the node inbox
 //	client    <prefix>.in.>                                 its inbox (_INBOX.> by default)
 //	operator  <prefix>.ctl.>, <prefix>.in.>, $SRV.>,        its inbox
 //	          reads of the registry and state buckets
@@ -131,7 +132,7 @@ func NodeInboxPrefix(p subjects.Prefix) string {
 	if p == "" {
 		p = subjects.DefaultPrefix
 	}
-	return "_INBOX_" + strings.ReplaceAll(string(p), ".", "_")
+	return p.NodeInbox()
 }
 
 // AdvisorySubject is the client-disconnect advisory of m's account as its
@@ -151,12 +152,16 @@ type Permissions struct {
 
 // kvWrite is what a node needs of a KV bucket: bind, create, read
 // (direct and by sequence), watch (ordered push consumers and their flow
-// control), write and purge.
+// control) and write keys. Not update, purge or delete of the bucket's
+// stream, nor deletes of its messages by sequence: no node does that, and a
+// reflected publish (a reply subject someone else chose) must not be able
+// to.
 func kvWrite(bucket string) []string {
 	s := "KV_" + bucket
 	return []string{
-		"$JS.API.STREAM.*." + s,          // INFO, CREATE, UPDATE, PURGE
-		"$JS.API.STREAM.MSG.*." + s,      // MSG.GET
+		"$JS.API.STREAM.INFO." + s,       // bind
+		"$JS.API.STREAM.CREATE." + s,     // the first node creates it
+		"$JS.API.STREAM.MSG.GET." + s,    // get (without direct get)
 		"$JS.API.DIRECT.GET." + s,        // direct get by sequence
 		"$JS.API.DIRECT.GET." + s + ".>", // direct get, last by subject
 		"$JS.API.CONSUMER.*." + s,        // watchers: legacy create
@@ -182,7 +187,8 @@ func kvRead(bucket string) []string {
 
 // Node is the profile of mesh nodes (meshd, services that embed a node):
 // the whole <prefix>.> subject space, the JetStream API of the registry,
-// directory and hub state buckets, the micro service endpoints ($SRV.>), the disconnect
+// directory and hub state buckets (bind, create, get, watch, write keys),
+// the micro service endpoints and discovery ($SRV.>), the disconnect
 // advisory, replies to outside callers (_INBOX.>) and to other nodes (the
 // node inbox).
 func Node(m Mesh) Permissions {

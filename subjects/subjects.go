@@ -67,6 +67,15 @@ func (p Prefix) Validate() error {
 // families (node control, late answers, announcements). rest is not checked.
 func (p Prefix) Sub(rest string) string { return string(p) + "." + rest }
 
+// NodeInbox returns the inbox prefix mesh nodes of p connect with
+// (nats.CustomInboxPrefix): "_INBOX_" followed by p with dots as
+// underscores, e.g. "_INBOX_mesh_v1". The node permission profile alone may
+// subscribe under it (SECURITY.md), so the acceptance replies nodes receive
+// stay among nodes.
+func (p Prefix) NodeInbox() string {
+	return "_INBOX_" + strings.ReplaceAll(string(p), ".", "_")
+}
+
 // Control returns <prefix>.ctl.<node-name>.<verb>, a node's control
 // endpoint (the verbs are defined by package mesh).
 func (p Prefix) Control(nodeName, verb string) string {

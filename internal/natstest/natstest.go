@@ -24,6 +24,15 @@ func WithoutJetStream() Option { return func(o *server.Options) { o.JetStream = 
 // WithMaxPayload sets the server's max_payload in bytes.
 func WithMaxPayload(n int32) Option { return func(o *server.Options) { o.MaxPayload = n } }
 
+// Environment of a test run under given accounts (profiles/suites_test.go
+// writes them: every connection with the node permission profile):
+// EnvAccounts names a nats-server config fragment every RunServer applies,
+// EnvInbox the inbox prefix every Connect uses.
+const (
+	EnvAccounts = "NATSMESH_TEST_ACCOUNTS"
+	EnvInbox    = "NATSMESH_TEST_INBOX"
+)
+
 // WithConfig applies nats-server configuration text (accounts, users,
 // permissions, in the server's own syntax, parsed by its own parser) over
 // the defaults; host, port and store stay RunServer's.
@@ -52,6 +61,15 @@ func RunServer(t testing.TB, opts ...Option) *server.Server {
 		NoSigs:    true,
 		JetStream: true,
 		StoreDir:  t.TempDir(),
+	}
+	if conf := os.Getenv(EnvAccounts); conf != "" {
+		// Every server of the run gets these accounts (say, the node
+		// permission profile as no_auth_user): the suites run under them.
+		b, err := os.ReadFile(conf)
+		if err != nil {
+			t.Fatalf("natstest: %s: %v", EnvAccounts, err)
+		}
+		WithConfig(string(b))(o)
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -94,6 +112,15 @@ func RunConfig(t testing.TB, conf string, opts ...Option) *server.Server {
 		o.Port = -1
 	}
 	o.NoLog, o.NoSigs = true, true
+	if conf := os.Getenv(EnvAccounts); conf != "" {
+		// Every server of the run gets these accounts (say, the node
+		// permission profile as no_auth_user): the suites run under them.
+		b, err := os.ReadFile(conf)
+		if err != nil {
+			t.Fatalf("natstest: %s: %v", EnvAccounts, err)
+		}
+		WithConfig(string(b))(o)
+	}
 	for _, opt := range opts {
 		opt(o)
 	}
@@ -124,15 +151,19 @@ func Connect(t testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {
 // ConnectURL is [Connect] for a URL.
 func ConnectURL(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	all := append([]nats.Option{
+	var inbox []nats.Option
+	if p := os.Getenv(EnvInbox); p != "" {
+		inbox = append(inbox, nats.CustomInboxPrefix(p))
+	}
+	all := append(inbox,
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""
 			if sub != nil {
 				subj = sub.Subject
 			}
 			t.Errorf("natstest: async error on subscription %q: %v", subj, err)
-		}),
-	}, opts...)
+		}))
+	all = append(all, opts...)
 	nc, err := nats.Connect(url, all...)
 	if err != nil {
 		t.Fatalf("natstest: connect %s: %v", url, err)
