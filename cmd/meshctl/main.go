@@ -317,6 +317,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newSubscribeCmd(g),
 		newDrainCmd(g),
 		newBenchCmd(g),
+		newStateCmd(g),
 	)
 	return root
 }

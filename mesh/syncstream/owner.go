@@ -53,7 +53,34 @@ func NewOwner(sender *mesh.Client, self subjects.Address, snapshot func(subjects
 }
 
 // Epoch returns the activation's epoch.
-func (o *Owner) Epoch() uint64 { return o.epoch }
+func (o *Owner) Epoch() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.epoch
+}
+
+// Resume continues streams across activations for a hub with durable state
+// (DESIGN §7a): the owner takes epoch (which must be greater than every
+// earlier activation's, e.g. hub.State.Epoch) and each stream's last
+// version, so subscribers following the address see (epoch, version) go on
+// increasing and the next snapshot carries the stored state. Call it before
+// the activation serves.
+func (o *Owner) Resume(epoch uint64, versions map[subjects.Stream]uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.epoch = epoch
+	for s, v := range versions {
+		o.version[subjects.StreamIdentity(s)] = v
+	}
+}
+
+// Version returns the stream's version: that of its last change (0 if
+// none).
+func (o *Owner) Version(stream subjects.Stream) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.version[subjects.StreamIdentity(stream)]
+}
 
 // Pinned reports whether the activation has subscribers; a hub embedding an
 // Owner should implement hub.Pinner with it, so it is not idle-collected
@@ -101,10 +128,10 @@ func (o *Owner) Handle(d *hub.Delivery) (bool, error) {
 		o.subs[stream] = map[subjects.Address]bool{}
 	}
 	o.subs[stream][req.Subscriber] = true
-	v := o.version[stream]
+	v, epoch := o.version[stream], o.epoch
 	o.mu.Unlock()
-	o.send(req.Subscriber, stream, Frame{Epoch: o.epoch, Version: v, Snapshot: true, Attempt: req.Attempt, Data: o.snapshot(stream)})
-	return true, d.Respond(encode(subscribeReply{Epoch: o.epoch, Version: v}))
+	o.send(req.Subscriber, stream, Frame{Epoch: epoch, Version: v, Snapshot: true, Attempt: req.Attempt, Data: o.snapshot(stream)})
+	return true, d.Respond(encode(subscribeReply{Epoch: epoch, Version: v}))
 }
 
 // Publish emits data as the next delta frame of stream to every subscriber,
@@ -113,14 +140,14 @@ func (o *Owner) Publish(stream subjects.Stream, data []byte) {
 	stream = subjects.StreamIdentity(stream)
 	o.mu.Lock()
 	o.version[stream]++
-	v := o.version[stream]
+	v, epoch := o.version[stream], o.epoch
 	subs := make([]subjects.Address, 0, len(o.subs[stream]))
 	for s := range o.subs[stream] {
 		subs = append(subs, s)
 	}
 	o.mu.Unlock()
 	for _, s := range subs {
-		o.send(s, stream, Frame{Epoch: o.epoch, Version: v, Data: data})
+		o.send(s, stream, Frame{Epoch: epoch, Version: v, Data: data})
 	}
 }
 
@@ -128,12 +155,12 @@ func (o *Owner) Publish(stream subjects.Stream, data []byte) {
 // subscribe again, to the next activation) and forgets them.
 func (o *Owner) Close() {
 	o.mu.Lock()
-	all := o.subs
+	all, epoch := o.subs, o.epoch
 	o.subs = map[subjects.Stream]map[subjects.Address]bool{}
 	o.mu.Unlock()
 	for stream, subs := range all {
 		for s := range subs {
-			o.send(s, stream, Frame{Epoch: o.epoch, Closed: true})
+			o.send(s, stream, Frame{Epoch: epoch, Closed: true})
 		}
 	}
 }
