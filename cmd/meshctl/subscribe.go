@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -298,7 +299,7 @@ func describeError(err error) string {
 	if ve.Err != nil {
 		s += ": " + ve.Err.Error()
 	}
-	if ve.Node != "" {
+	if ve.Node != "" && !strings.Contains(s, ve.Node) {
 		s += " [node " + ve.Node + "]"
 	}
 	return s
