@@ -214,3 +214,18 @@ func TestBenchNoticesFrozenTarget(t *testing.T) {
 		}
 	}
 }
+
+// TestDescribeErrorOnce: subscribe's one-line description of a refusal says
+// the verdict and the node once.
+func TestDescribeErrorOnce(t *testing.T) {
+	for _, err := range []error{
+		&verdict.Error{Reason: verdict.ReasonUnknownKind, Message: `node n1.7 hosts no hub of kind "x"`, Node: "n1.7"},
+		fmt.Errorf("subscribe: %w", &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "address kv/x is owned by n1.7", Node: "n1.7"}),
+		&verdict.Error{Reason: verdict.ReasonInboxFull, Node: "n1.7"},
+	} {
+		d := describeError(err)
+		if strings.Count(d, "n1.7") != 1 || strings.Count(d, verdict.Classify(err).String()) != 1 {
+			t.Errorf("describeError(%v) = %q", err, d)
+		}
+	}
+}
