@@ -287,6 +287,13 @@ func (h *Host) intake(m *nats.Msg) {
 		h.log.Debug("delivery without reply subject dropped", "subject", m.Subject)
 		return
 	}
+	if !h.cfg.Prefix.SafeReply(m.Reply) {
+		// Never publish the verdict where the sender chose a subject
+		// under "$" or the prefix (a KV bucket, a control subject).
+		h.refused.Add(1)
+		h.log.Debug("delivery with an unsafe reply subject dropped", "subject", m.Subject, "reply", m.Reply)
+		return
+	}
 	e, err := h.parse(m)
 	if err != nil {
 		h.refuse(m, err)

@@ -3,7 +3,6 @@ package mesh
 import (
 	"context"
 	"errors"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -77,22 +76,12 @@ func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Strea
 	n.answerIngress(m, r.ID, nodeOf(r), err, nil)
 }
 
-// safeReply reports whether the node may publish an answer to reply, a
-// subject the requester chose freely (NATS checks no permission on reply
-// subjects, and the node publishes with its own): a literal subject, not
-// under "$" (the JetStream API, KV buckets, system and service subjects),
-// and not under the mesh's prefix (control, deliveries, answers). A refusal
-// is counted (NodeStatus.IngressRefused) and logged at the first and every
-// power of two; the request is dropped unanswered.
+// safeReply reports whether the node may answer on reply
+// (subjects.Prefix.SafeReply); a refusal is counted
+// (NodeStatus.IngressRefused) and logged at the first and every power of
+// two, and the request is dropped unanswered.
 func (n *Node) safeReply(reply string) bool {
-	bad := reply == "" || strings.HasPrefix(reply, "$") || strings.HasPrefix(reply, string(n.prefix)+".")
-	for tok := range strings.SplitSeq(reply, ".") {
-		if bad {
-			break
-		}
-		bad = tok == "" || tok == "*" || tok == ">" || strings.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f })
-	}
-	if !bad {
+	if n.prefix.SafeReply(reply) {
 		return true
 	}
 	if c := n.badReplies.Add(1); c&(c-1) == 0 {

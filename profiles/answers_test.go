@@ -62,6 +62,17 @@ func TestAnswerSubjectOutsideAnsRefused(t *testing.T) {
 			}
 		}
 	}
+	// The reply subject of a delivery is the sender's choice too: one under
+	// "$" or the prefix is dropped, no verdict published there.
+	for _, reply := range []string{"$KV." + reg + ".victim", p.Control("victim", mesh.ControlDrain)} {
+		before := v.Host().Stats().Refused
+		m := &nats.Msg{Subject: p.Delivery(v.ID(), addr, ""), Reply: reply, Header: nats.Header{}}
+		m.Header.Set(hub.HeaderID, "reply-"+nats.NewInbox()[7:])
+		if err := at.nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		natstest.Eventually(t, 10*time.Second, func() bool { return v.Host().Stats().Refused > before }, "delivery with reply %s not dropped", reply)
+	}
 	// A well-formed answer subject is still served.
 	if err := send(p.Sub("ans.somebody.7"), true); err != nil {
 		t.Fatalf("answer-to under %s.ans.: %v", p, err)

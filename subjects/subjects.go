@@ -76,6 +76,29 @@ func (p Prefix) NodeInbox() string {
 	return "_INBOX_" + strings.ReplaceAll(string(p), ".", "_")
 }
 
+// SafeReply reports whether a mesh node may publish an answer to reply, a
+// reply subject its requester chose freely (NATS checks no permission on
+// reply subjects, and the node publishes with its own): a literal subject
+// (non-empty tokens, no wildcards, spaces or control characters), not
+// under "$" (the JetStream API, KV buckets, system and service subjects) and
+// not under p (control, deliveries, answers). Inboxes are safe.
+func (p Prefix) SafeReply(reply string) bool {
+	if reply == "" || reply[0] == '$' || strings.HasPrefix(reply, string(p)+".") {
+		return false
+	}
+	for tok := range strings.SplitSeq(reply, ".") {
+		if tok == "" || tok == "*" || tok == ">" {
+			return false
+		}
+		for i := 0; i < len(tok); i++ {
+			if c := tok[i]; c <= ' ' || c == 0x7f {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // Control returns <prefix>.ctl.<node-name>.<verb>, a node's control
 // endpoint (the verbs are defined by package mesh).
 func (p Prefix) Control(nodeName, verb string) string {

@@ -264,3 +264,27 @@ func TestNodeIDText(t *testing.T) {
 		t.Errorf("Control = %q", got)
 	}
 }
+
+func TestSafeReply(t *testing.T) {
+	p := DefaultPrefix
+	for s, ok := range map[string]bool{
+		"_INBOX.abc.def":          true,
+		"_INBOX_mesh_v1.abc.1":    true,
+		"reply.to.me":             true,
+		"":                        false,
+		"$KV.b.k":                 false,
+		"$JS.API.STREAM.DELETE.x": false,
+		"$SRV.PING":               false,
+		"mesh.v1.ctl.a.drain":     false,
+		"mesh.v1.ans.a.1":         false,
+		"mesh.v1":                 true, // not under the prefix: a subject of its own
+		"_INBOX.*":                false,
+		"_INBOX.>":                false,
+		"_INBOX..x":               false,
+		"_INBOX.a b":              false,
+	} {
+		if got := p.SafeReply(s); got != ok {
+			t.Errorf("SafeReply(%q) = %v, want %v", s, got, ok)
+		}
+	}
+}
