@@ -208,9 +208,9 @@ func (s *State) Save(ctx context.Context, data []byte) error {
 func stateVerdict(err error, node string) *verdict.Error {
 	switch {
 	case errors.Is(err, ErrStateFenced):
-		return &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "state not saved: " + err.Error(), Node: node, Err: err}
+		return &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "state not saved", Node: node, Err: err}
 	case errors.Is(err, ErrStateUnavailable):
-		return &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "state not saved: " + err.Error(), Node: node, Err: err}
+		return &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "state not saved", Node: node, Err: err}
 	}
 	return nil
 }

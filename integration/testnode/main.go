@@ -11,6 +11,12 @@
 //	       answers, before it returns, so a test counts executions and their
 //	       order across processes
 //	slow   like count, after 50 ms of work
+//	dctr   the durable counter (internal/counterhub, DESIGN §7a): "inc" adds one,
+//	       saves, then responds with the new value. A delivery with payload
+//	       "hold" reports "test.hold" (headers Test-Node, Test-Address) and sleeps
+//	       --hold-save between its change and its save; its save's outcome, and
+//	       every failed save, is reported to "test.save" (headers Test-Node,
+//	       Test-Address, Test-Value, Test-Err), acknowledged and retried
 //
 // Its first stdout line matches meshd's: "meshd: node <id> serving on NATS at <url>".
 package main
@@ -31,6 +37,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/daemon"
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/counterhub"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -43,6 +50,8 @@ func main() {
 	drain := flag.Duration("drain-timeout", 10*time.Second, "drain deadline")
 	ingress := flag.Bool("ingress", true, "serve the ingress")
 	httpAddr := flag.String("http", "", "metrics address")
+	replace := flag.Bool("replace", false, "supersede a live node of the same name")
+	holdSave := flag.Duration("hold-save", 3*time.Second, "how long a dctr delivery with payload \"hold\" waits before its save")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -85,9 +94,42 @@ func main() {
 			}), nil
 		}
 	}
+	report := func(subject string, d *hub.Delivery, hdr map[string]string) {
+		m := nats.NewMsg(subject)
+		m.Header.Set("Mesh-Id", d.ID)
+		m.Header.Set("Test-Node", *name)
+		m.Header.Set("Test-Address", string(d.To))
+		m.Header.Set("Test-Exec", nuid.Next())
+		for k, v := range hdr {
+			m.Header.Set(k, v)
+		}
+		for range 20 {
+			if _, err := pub.RequestMsg(m, 2*time.Second); err == nil {
+				return
+			}
+		}
+	}
+	dctr := counterhub.Factory(counterhub.Options{
+		BeforeSave: func(d *hub.Delivery) {
+			if string(d.Payload) == "hold" {
+				report("test.hold", d, nil)
+				time.Sleep(*holdSave)
+			}
+		},
+		OnSave: func(d *hub.Delivery, v uint64, err error) {
+			if err == nil && string(d.Payload) != "hold" {
+				return
+			}
+			e := ""
+			if err != nil {
+				e = err.Error()
+			}
+			report("test.save", d, map[string]string{"Test-Value": strconv.FormatUint(v, 10), "Test-Err": e})
+		},
+	})
 	err = daemon.Run(ctx, daemon.Config{
 		Name: *name, NATSURL: *url, KVReplicas: *replicas, Heartbeat: *hb, TTL: *ttl, DrainTimeout: *drain,
-		DisableIngress: !*ingress, HTTP: *httpAddr,
+		DisableIngress: !*ingress, HTTP: *httpAddr, Replace: *replace,
 		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 		Kinds: map[string]hub.Factory{
 			"hold": func(context.Context, subjects.Address) (hub.Hub, error) {
@@ -97,6 +139,7 @@ func main() {
 				}), nil
 			},
 			"count": counting(0),
+			"dctr":  dctr,
 			"slow":  counting(50 * time.Millisecond),
 		},
 		Ready: func(i daemon.Info) {

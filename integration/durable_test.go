@@ -1,0 +1,510 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/counterhub"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/hubstate"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// stateBucket binds the durable state bucket through url (the nodes create
+// it when they join).
+func stateBucket(t *testing.T, url string) jetstream.KeyValue {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kv jetstream.KeyValue
+	natstest.Eventually(t, 30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		kv, err = js.KeyValue(ctx, hubstate.BucketName(subjects.DefaultPrefix))
+		return err == nil
+	}, "state bucket bound")
+	return kv
+}
+
+// storedCounter reads a counter's stored record, retrying while the bucket
+// has no leader (a NATS server was just restarted).
+func storedCounter(t *testing.T, kv jetstream.KeyValue, addr subjects.Address) (uint64, hub.StateRecord) {
+	t.Helper()
+	var rec hub.StateRecord
+	var err error
+	natstest.Eventually(t, 30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		rec, err = hubstate.Read(ctx, kv, addr)
+		return err == nil || errors.Is(err, hubstate.ErrNotFound)
+	}, "read the state of %s", addr)
+	if errors.Is(err, hubstate.ErrNotFound) || len(rec.Data) == 0 {
+		return 0, rec
+	}
+	n, perr := strconv.ParseUint(string(rec.Data), 10, 64)
+	if perr != nil {
+		t.Fatalf("state of %s: %q", addr, rec.Data)
+	}
+	return n, rec
+}
+
+// saveWatch follows every write to the state bucket (a KV watcher: an
+// ordered consumer that resumes after a server dies) and counts writes whose
+// epoch is below one already written for the same key — a save accepted
+// from an activation after its successor took the state over.
+type saveWatch struct {
+	mu       sync.Mutex
+	maxEpoch map[string]uint64
+	writes   int
+	stale    []string
+}
+
+func watchSaves(t *testing.T, kv jetstream.KeyValue) *saveWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := &saveWatch{maxEpoch: map[string]uint64{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for e := range w.Updates() {
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			r, err := hubstate.Decode(e.Value())
+			sw.mu.Lock()
+			sw.writes++
+			switch {
+			case err != nil:
+				sw.stale = append(sw.stale, fmt.Sprintf("%s rev %d: %v", e.Key(), e.Revision(), err))
+			case r.Epoch < sw.maxEpoch[e.Key()]:
+				sw.stale = append(sw.stale, fmt.Sprintf("%s rev %d: epoch %d (by %s) written after epoch %d", e.Key(), e.Revision(), r.Epoch, r.Owner, sw.maxEpoch[e.Key()]))
+			default:
+				sw.maxEpoch[e.Key()] = r.Epoch
+			}
+			sw.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = w.Stop()
+		cancel()
+		<-done
+	})
+	return sw
+}
+
+// counterLog tallies one counter's increments: the values acknowledged
+// (each must be acknowledged once: a value acknowledged twice is a lost
+// update) and the requests whose outcome is unknown.
+type counterLog struct {
+	acked   map[uint64]string // value -> request ID
+	unknown int
+	dup     []string
+}
+
+func (l *counterLog) record(id string, r mesh.Response, err error) {
+	if err != nil {
+		l.unknown++ // it may or may not have incremented
+		return
+	}
+	v, perr := strconv.ParseUint(string(r.Payload), 10, 64)
+	if perr != nil {
+		l.dup = append(l.dup, fmt.Sprintf("%s: response %q", id, r.Payload))
+		return
+	}
+	if prev, ok := l.acked[v]; ok {
+		l.dup = append(l.dup, fmt.Sprintf("value %d acknowledged to %s and %s", v, prev, id))
+	}
+	l.acked[v] = id
+}
+
+// TestClusterDurableChaos (DESIGN §7a, issue 15 item 5): durable counters
+// are incremented through Request — the response is sent only after the
+// save is acknowledged — by 12 workers on 6 counters, while owners are
+// SIGKILLed, drained (SIGTERM) and frozen past detection (SIGSTOP, then
+// SIGCONT), and a NATS server is killed and restarted; each fault kind
+// once, then random faults for the -chaos duration. Afterwards every stored
+// counter lies between its acknowledged increments (0 lost) and those plus
+// the requests whose outcome is unknown (0 extra beyond them), equals the
+// acknowledged count when nothing was unknown, no value was acknowledged
+// twice (no lost update), and no save was accepted from an activation after
+// its successor took the state over (every write's epoch is the highest
+// written for its key so far).
+func TestClusterDurableChaos(t *testing.T) {
+	c := StartCluster(t, 3)
+	c.WaitReady(t)
+	names := []string{"d1", "d2", "d3"}
+	nodes := startTestNodes(t, c.URL(), names...)
+	tc := clientNode(t, c.URL())
+	waitHosting(t, tc, "dctr", 3)
+	kv := stateBucket(t, c.URL())
+	saves := watchSaves(t, kv)
+
+	const counters, workers = 6, 12
+	logs := make([]*counterLog, counters)
+	for i := range logs {
+		logs[i] = &counterLog{acked: map[uint64]string{}}
+	}
+	var mu sync.Mutex
+	reasons := map[string]int{}
+	requests := 0
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			i := w % counters
+			addr := subjects.Address(fmt.Sprintf("dctr/c%d", i))
+			for seq := 0; ; seq++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("dchaos-%d-%d", w, seq)
+				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+				r, err := tc.Request(ctx, mesh.Delivery{ID: id, To: addr, Type: counterhub.Inc})
+				cancel()
+				mu.Lock()
+				requests++
+				logs[i].record(id, r, err)
+				if err != nil {
+					var ve *verdict.Error
+					reason := "other"
+					if errors.As(err, &ve) {
+						reason = ve.Reason.String()
+					} else if errors.Is(err, context.DeadlineExceeded) {
+						reason = "timeout"
+					}
+					reasons[reason]++
+				}
+				mu.Unlock()
+				if err != nil {
+					time.Sleep(50 * time.Millisecond) // not a hot loop against a fault
+				}
+			}
+		}()
+	}
+	natstest.Eventually(t, 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return requests >= 200
+	}, "traffic flowing (200 increments)")
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 15))
+	faults := map[string]int{}
+	plan := []int{0, 1, 2, 3} // each fault once, then random ones
+	end := time.Now().Add(*chaosDuration)
+	for k := 0; k < len(plan) || time.Now().Before(end); k++ {
+		f := rng.IntN(4)
+		if k < len(plan) {
+			f = plan[k]
+		}
+		name := names[rng.IntN(len(names))]
+		nd := nodes[name]
+		switch f {
+		case 0: // an owner crashes
+			_ = nd.Signal(syscall.SIGKILL)
+			nd.Wait(t, 30*time.Second)
+			faults["sigkill"]++
+		case 1: // an owner drains
+			_ = nd.Signal(syscall.SIGTERM)
+			nd.Wait(t, 30*time.Second)
+			faults["sigterm"]++
+		case 2: // an owner freezes past detection, then wakes (and rejoins)
+			_ = nd.Signal(syscall.SIGSTOP)
+			deadline := time.Now().Add(20 * time.Second)
+			for alive(tc, name) && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			_ = nd.Signal(syscall.SIGCONT)
+			faults["sigstop"]++
+			waitHosting(t, tc, "dctr", 3)
+			continue
+		case 3: // a NATS server dies and comes back
+			i := rng.IntN(3)
+			c.Kill(i)
+			time.Sleep(time.Second)
+			c.Restart(i)
+			c.WaitReady(t)
+			faults["nats-server"]++
+			continue
+		}
+		nodes[name] = StartTestNode(t, "--name", name, "--nats-url", c.URL(), "--kv-replicas", "3")
+		waitHosting(t, tc, "dctr", 3)
+	}
+	close(stop)
+	wg.Wait()
+
+	// Settle: one more acknowledged increment per counter takes each
+	// address over wherever a woken activation might still hold it.
+	for i := range counters {
+		addr := subjects.Address(fmt.Sprintf("dctr/c%d", i))
+		natstest.Eventually(t, 60*time.Second, func() bool {
+			id := fmt.Sprintf("dchaos-settle-%d-%d", i, time.Now().UnixNano())
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			r, err := tc.Request(ctx, mesh.Delivery{ID: id, To: addr, Type: counterhub.Inc})
+			mu.Lock()
+			logs[i].record(id, r, err)
+			mu.Unlock()
+			return err == nil
+		}, "a settling increment of %s", addr)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	totalAcked, totalUnknown := 0, 0
+	for i, l := range logs {
+		addr := subjects.Address(fmt.Sprintf("dctr/c%d", i))
+		got, rec := storedCounter(t, kv, addr)
+		acked := uint64(len(l.acked))
+		totalAcked += len(l.acked)
+		totalUnknown += l.unknown
+		var maxAcked uint64
+		for v := range l.acked {
+			maxAcked = max(maxAcked, v)
+		}
+		t.Logf("%s: stored %d (epoch %d, owner %s); acknowledged %d (highest %d), unknown %d", addr, got, rec.Epoch, rec.Owner, acked, maxAcked, l.unknown)
+		for _, d := range l.dup {
+			t.Errorf("%s: %s (a lost update)", addr, d)
+		}
+		switch {
+		case got < acked || got < maxAcked:
+			t.Errorf("%s: stored %d, but %d increments were acknowledged (highest value %d): acknowledged increments lost", addr, got, acked, maxAcked)
+		case got > acked+uint64(l.unknown):
+			t.Errorf("%s: stored %d, more than %d acknowledged + %d unknown: extra increments", addr, got, acked, l.unknown)
+		case l.unknown == 0 && got != acked:
+			t.Errorf("%s: stored %d, acknowledged %d with no unknown outcome", addr, got, acked)
+		}
+	}
+	saves.mu.Lock()
+	defer saves.mu.Unlock()
+	for _, s := range saves.stale {
+		t.Errorf("a save accepted from a stale activation: %s", s)
+	}
+	var refused int
+	for _, n := range nodes {
+		refused += strings.Count(n.Stderr(), "activation stands down: its state cannot be persisted")
+	}
+	t.Logf("faults %v over %v; %d increments: %d acknowledged, %d unknown %v; %d writes watched, %d from a stale activation; stand-downs for unpersistable state (current processes): %d",
+		faults, *chaosDuration, requests, totalAcked, totalUnknown, reasons, saves.writes, len(saves.stale), refused)
+	if totalAcked == 0 {
+		t.Fatal("no increment got through")
+	}
+}
+
+// holdWatch collects the test node's "test.hold" and "test.save" reports.
+type holdWatch struct {
+	mu    sync.Mutex
+	holds map[string]string // delivery ID -> node name
+	saves map[string]string // delivery ID -> save error ("" if it succeeded)
+}
+
+func watchHolds(t *testing.T, url string) *holdWatch {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	hw := &holdWatch{holds: map[string]string{}, saves: map[string]string{}}
+	for _, subj := range []string{"test.hold", "test.save"} {
+		_, err := nc.Subscribe(subj, func(m *nats.Msg) {
+			hw.mu.Lock()
+			if m.Subject == "test.hold" {
+				hw.holds[m.Header.Get("Mesh-Id")] = m.Header.Get("Test-Node")
+			} else {
+				hw.saves[m.Header.Get("Mesh-Id")] = m.Header.Get("Test-Err")
+			}
+			hw.mu.Unlock()
+			_ = m.Respond(nil)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = nc.Flush()
+	return hw
+}
+
+func (hw *holdWatch) held(id string) bool {
+	hw.mu.Lock()
+	defer hw.mu.Unlock()
+	_, ok := hw.holds[id]
+	return ok
+}
+
+func (hw *holdWatch) saved(id string) (string, bool) {
+	hw.mu.Lock()
+	defer hw.mu.Unlock()
+	e, ok := hw.saves[id]
+	return e, ok
+}
+
+// TestClusterStateFencing (issue 15 item 2) on real processes: an owner
+// holds a turn between its change and its save while it loses the address —
+// frozen past detection (SIGSTOP, then SIGCONT once the successor took the
+// state over), superseded by a new process of its name (--replace), or its
+// directory claim rewritten to another node. In each case the stale save
+// fails fenced (nothing written), the held request is not acknowledged, the
+// successor goes on from the stored value, and no save from the stale
+// activation lands after the takeover.
+func TestClusterStateFencing(t *testing.T) {
+	c := StartCluster(t, 3)
+	c.WaitReady(t)
+	tc := clientNode(t, c.URL())
+	hw := watchHolds(t, c.URL())
+	for _, scenario := range []string{"freeze", "supersede", "claim-rewritten"} {
+		t.Run(scenario, func(t *testing.T) {
+			nodes := startTestNodes(t, c.URL(), scenario+"-a", scenario+"-b")
+			a, b := nodes[scenario+"-a"], nodes[scenario+"-b"]
+			aID, _ := subjects.ParseNodeID(a.Node)
+			bID, _ := subjects.ParseNodeID(b.Node)
+			natstest.Eventually(t, 30*time.Second, func() bool { return alive(tc, aID.Name) && alive(tc, bID.Name) }, "both nodes live")
+			kv := stateBucket(t, c.URL())
+			saves := watchSaves(t, kv)
+			var addr subjects.Address
+			for i := 0; ; i++ {
+				addr = subjects.Address(fmt.Sprintf("dctr/%s-%d", scenario, i))
+				if n, _ := directory.Place(addr, []subjects.NodeID{aID, bID}); n == aID {
+					break
+				}
+			}
+			ctx := context.Background()
+			incr := func(id string) (uint64, error) {
+				rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+				defer cancel()
+				r, err := tc.Request(rctx, mesh.Delivery{ID: id, To: addr, Type: counterhub.Inc})
+				if err != nil {
+					return 0, err
+				}
+				return strconv.ParseUint(string(r.Payload), 10, 64)
+			}
+			for i := range 3 {
+				if v, err := incr(fmt.Sprintf("%s-pre-%d", scenario, i)); err != nil || v != uint64(i+1) {
+					t.Fatalf("inc %d: %d, %v", i, v, err)
+				}
+			}
+			if _, rec := storedCounter(t, kv, addr); rec.Owner != aID {
+				t.Fatalf("owner %s, want %s", rec.Owner, aID)
+			}
+			holdID := scenario + "-hold"
+			held := make(chan error, 1)
+			go func() {
+				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				_, err := tc.Request(rctx, mesh.Delivery{ID: holdID, To: addr, Type: counterhub.Inc, Payload: []byte("hold")})
+				held <- err
+			}()
+			natstest.Eventually(t, 15*time.Second, func() bool { return hw.held(holdID) }, "the turn is held")
+
+			var successor subjects.NodeID
+			switch scenario {
+			case "freeze":
+				_ = a.Signal(syscall.SIGSTOP)
+				natstest.Eventually(t, 20*time.Second, func() bool { return !alive(tc, aID.Name) }, "the frozen owner declared gone")
+				successor = bID
+			case "supersede":
+				a2 := StartTestNode(t, "--name", aID.Name, "--nats-url", c.URL(), "--kv-replicas", "3", "--replace")
+				successor, _ = subjects.ParseNodeID(a2.Node)
+				defer func() { _ = a.Signal(syscall.SIGKILL) }()
+			case "claim-rewritten":
+				dir := dirBucket(t, c.URL())
+				claim := fmt.Sprintf(`{"owner":%q,"claimed":%q}`, bID.String(), time.Now().UTC().Format(time.RFC3339Nano))
+				if _, err := dir.Put(ctx, subjects.EncodeToken(string(addr)), []byte(claim)); err != nil {
+					t.Fatal(err)
+				}
+				successor = bID
+			}
+			// The successor takes the state over and goes on from 3.
+			unknown := 0
+			var got uint64
+			natstest.Eventually(t, 60*time.Second, func() bool {
+				v, err := incr(fmt.Sprintf("%s-next-%d", scenario, time.Now().UnixNano()))
+				if err != nil {
+					unknown++
+					return false
+				}
+				got = v
+				return true
+			}, "an increment on the successor")
+			_, rec := storedCounter(t, kv, addr)
+			if rec.Owner.Name != successor.Name || rec.Owner.Generation < successor.Generation {
+				t.Errorf("state owned by %s, want %s", rec.Owner, successor)
+			}
+			if scenario == "freeze" {
+				_ = a.Signal(syscall.SIGCONT)
+			}
+			// The held turn's save fails fenced; its request is not
+			// acknowledged.
+			natstest.Eventually(t, 30*time.Second, func() bool { _, ok := hw.saved(holdID); return ok }, "the held turn's save reported")
+			if e, _ := hw.saved(holdID); !strings.Contains(e, hub.ErrStateFenced.Error()) {
+				t.Errorf("the stale save: %q, want %v", e, hub.ErrStateFenced)
+			}
+			if err := <-held; err == nil {
+				t.Error("the held request was acknowledged")
+			} else {
+				t.Logf("the held request: %v", err)
+			}
+			// Nothing the stale activation did is stored: the successor
+			// went on from 3 (4, unless an unknown attempt counted).
+			if got < 4 || got > 4+uint64(unknown) {
+				t.Errorf("the successor's first increment answered %d (unknown attempts %d), want 4", got, unknown)
+			}
+			if v, _ := storedCounter(t, kv, addr); v != got {
+				t.Errorf("stored %d after the successor answered %d", v, got)
+			}
+			saves.mu.Lock()
+			for _, s := range saves.stale {
+				t.Errorf("a save accepted from a stale activation: %s", s)
+			}
+			saves.mu.Unlock()
+		})
+	}
+}
+
+// dirBucket binds the address directory through url.
+func dirBucket(t *testing.T, url string) jetstream.KeyValue {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(context.Background(), directory.BucketName(subjects.DefaultPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
