@@ -214,7 +214,7 @@ func TestPlacementWaitFlag(t *testing.T) {
 		return nc.RequestMsg(m, timeout)
 	}
 	for _, tc := range []struct {
-		wait string
+		wait  string
 		check func(*nats.Msg, error) error
 	}{
 		{"5s", func(_ *nats.Msg, err error) error {
