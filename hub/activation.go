@@ -139,6 +139,7 @@ func (a *activation) handle(hub Hub, e *entry) {
 		} else if err != nil {
 			rerr = &verdict.Error{Reason: verdict.ReasonHandlerError, Message: err.Error()}
 		}
+		h.dedupe.responded(d.rec, nil, rerr)
 		if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil); serr != nil {
 			h.log.Warn("response not sent", "id", d.ID, "err", serr)
 		}

@@ -100,8 +100,8 @@ func (h *Host) runClaim(op *claimOp) {
 	type outcome struct {
 		p        parkedDelivery
 		accepted bool
-		dup      bool // already accepted under its ID
-		again    bool // the activation went away: dispatch afresh
+		dup      *record // already accepted under its ID
+		again    bool    // the activation went away: dispatch afresh
 		err      error
 	}
 	h.mu.Lock()
@@ -121,16 +121,21 @@ func (h *Host) runClaim(op *claimOp) {
 		switch {
 		case refusal != nil:
 			o.err = refusal
-		case h.dedupe.seen(p.e.ID):
-			o.dup = true // a copy parked twice: accepted once
+		case h.dedupe.lookup(p.e.ID) != nil:
+			o.dup = h.dedupe.lookup(p.e.ID) // a copy parked twice: accepted once
 		default:
-			switch eerr := a.enqueue(p.e); {
+			p.e.rec = h.dedupe.add(p.e.ID, p.e.expectResponse)
+			eerr := a.enqueue(p.e)
+			if eerr != nil {
+				h.dedupe.forget(p.e.rec)
+				p.e.rec = nil
+			}
+			switch {
 			case eerr == errActivationGone:
 				o.again = true
 			case eerr != nil:
 				o.err = eerr
 			default:
-				h.dedupe.add(p.e.ID)
 				o.accepted = true
 			}
 		}
@@ -146,9 +151,8 @@ func (h *Host) runClaim(op *claimOp) {
 			h.dispatch(o.p.m, o.p.e)
 		case o.err != nil:
 			h.refuse(o.p.m, o.err)
-		case o.dup:
-			h.dedupeHits.Add(1)
-			h.reply(o.p.m, nil)
+		case o.dup != nil:
+			h.duplicate(o.p.m, o.p.e, o.dup)
 		default:
 			h.answerAccepted(o.p.m, o.p.e)
 		}

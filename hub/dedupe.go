@@ -1,44 +1,161 @@
 package hub
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/natsmesh/natsmesh/verdict"
+)
 
 // DefaultDedupeWindow is the number of most recently accepted delivery IDs a
 // node generation remembers, across all its addresses. A delivery whose ID is
-// still in the window is answered Accepted again (even while draining: it was
-// accepted) and not enqueued a second time; a repeated request gets no second
-// response. The window is counted in deliveries, not time: at 1 000
-// deliveries/s the default covers 65 s, at 10 000/s about 6.5 s — shorter
-// than the 9.75 s retry ladder, so a node sustaining that rate should raise
-// Config.DedupeWindow (each ID costs about 100 bytes).
+// still in the window is not enqueued a second time; it is answered from the
+// outcome recorded for the ID (see [Host] and docs/protocol.md §3.2). The
+// window is counted in deliveries, not time: at 1 000 deliveries/s the
+// default covers 65 s, at 10 000/s about 6.5 s — shorter than the 9.75 s
+// retry ladder, so a node sustaining that rate should raise
+// Config.DedupeWindow (each ID costs about 150 bytes, plus a kept response).
 const DefaultDedupeWindow = 1 << 16
 
-// dedupe remembers the last n accepted IDs: a set plus a ring that evicts the
-// oldest. Safe for concurrent use.
+// DefaultDedupeResponseBytes bounds the payload bytes of the responses a
+// node generation keeps so that a duplicate of a handled request gets its
+// response again (Config.DedupeResponseBytes).
+const DefaultDedupeResponseBytes = 8 << 20
+
+// outcome states of a remembered delivery ID.
+type recState uint8
+
+const (
+	recAccepted  recState = iota // accepted; not handled yet (or a plain delivery)
+	recResponded                 // a request whose handler answered: resp is kept
+	recRespGone                  // a request whose handler answered; the response was evicted
+	recFailed                    // failed after acceptance with a terminal verdict: err
+)
+
+// record is the outcome the intake remembers for one accepted delivery ID.
+// Its fields are guarded by the dedupe's mutex.
+type record struct {
+	id      string
+	request bool
+	state   recState
+	payload []byte // recResponded: the response
+	err     error  // recResponded: the handler's failure, if any; recFailed: the late verdict
+}
+
+// dedupe records outcomes, not sightings (DESIGN §5): the last n accepted
+// IDs with what became of each — a set plus a ring that evicts the oldest,
+// and the kept responses of handled requests, bounded in bytes (oldest
+// evicted first). A delivery refused late with a resendable verdict is
+// forgotten, so its re-send is accepted. Safe for concurrent use.
 type dedupe struct {
 	mu   sync.Mutex
-	set  map[string]struct{}
-	ring []string
+	recs map[string]*record
+	ring []*record
 	next int
+
+	maxBytes  int
+	bytes     int
+	responses []*record // records holding a response, oldest first
 }
 
-func newDedupe(n int) *dedupe {
-	return &dedupe{set: make(map[string]struct{}, min(n, 4096)), ring: make([]string, n)}
+func newDedupe(n, maxResponseBytes int) *dedupe {
+	return &dedupe{recs: make(map[string]*record, min(n, 4096)), ring: make([]*record, n), maxBytes: maxResponseBytes}
 }
 
-func (d *dedupe) seen(id string) bool {
+// lookup returns the record of id, or nil.
+func (d *dedupe) lookup(id string) *record {
 	d.mu.Lock()
-	_, ok := d.set[id]
-	d.mu.Unlock()
-	return ok
+	defer d.mu.Unlock()
+	return d.recs[id]
 }
 
-func (d *dedupe) add(id string) {
+// add remembers a delivery about to be enqueued and returns its record; the
+// oldest ID leaves the window.
+func (d *dedupe) add(id string, request bool) *record {
+	r := &record{id: id, request: request}
 	d.mu.Lock()
-	if old := d.ring[d.next]; old != "" {
-		delete(d.set, old)
+	if old := d.ring[d.next]; old != nil && d.recs[old.id] == old {
+		delete(d.recs, old.id)
+		d.dropResponseLocked(old)
 	}
-	d.ring[d.next] = id
-	d.set[id] = struct{}{}
+	d.ring[d.next] = r
+	d.recs[id] = r
 	d.next = (d.next + 1) % len(d.ring)
 	d.mu.Unlock()
+	return r
+}
+
+// forget removes r's ID from the window (a refusal, or a resendable late
+// verdict: the callee holds nothing, so a re-send must be accepted). A newer
+// record of the same ID is left alone.
+func (d *dedupe) forget(r *record) {
+	if r == nil {
+		return
+	}
+	d.mu.Lock()
+	if d.recs[r.id] == r {
+		delete(d.recs, r.id)
+	}
+	d.dropResponseLocked(r)
+	d.mu.Unlock()
+}
+
+// failed records a late terminal verdict for r, or forgets r if err is
+// resendable.
+func (d *dedupe) failed(r *record, err error) {
+	if r == nil {
+		return
+	}
+	if verdict.IsResendable(err) {
+		d.forget(r)
+		return
+	}
+	d.mu.Lock()
+	r.state, r.err = recFailed, err
+	d.mu.Unlock()
+}
+
+// responded records the response of request r, evicting the oldest kept
+// responses beyond the byte bound.
+func (d *dedupe) responded(r *record, payload []byte, err error) {
+	if r == nil || !r.request {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.recs[r.id] != r {
+		return // left the window meanwhile
+	}
+	if len(payload) > d.maxBytes {
+		r.state = recRespGone
+		return
+	}
+	r.state, r.payload, r.err = recResponded, payload, err
+	d.bytes += len(payload)
+	d.responses = append(d.responses, r)
+	for len(d.responses) > 0 && (d.bytes > d.maxBytes || d.responses[0].state != recResponded) {
+		old := d.responses[0]
+		d.responses[0] = nil
+		d.responses = d.responses[1:]
+		d.dropResponseLocked(old)
+	}
+	if len(d.responses) == 0 {
+		d.responses = nil // let the backing array go
+	}
+}
+
+// dropResponseLocked releases r's kept response. Called with d.mu held.
+func (d *dedupe) dropResponseLocked(r *record) {
+	if r.state == recResponded {
+		d.bytes -= len(r.payload)
+		r.state, r.payload, r.err = recRespGone, nil, nil
+		// r stays in d.responses until it reaches the front (responded
+		// pops it then); its state says it holds nothing.
+	}
+}
+
+// outcomeOf returns a copy of r's outcome.
+func (d *dedupe) outcomeOf(r *record) (state recState, payload []byte, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return r.state, r.payload, r.err
 }

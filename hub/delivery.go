@@ -58,6 +58,7 @@ type Delivery struct {
 
 	answerTo       string
 	expectResponse bool
+	rec            *record // its outcome in the dedupe window
 	host           *Host
 	responded      atomic.Bool
 }
@@ -79,11 +80,14 @@ func (d *Delivery) Respond(payload []byte) error {
 		return ErrAlreadyResponded
 	}
 	err := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, nil, payload)
-	if err != nil {
+	if err == nil {
+		d.host.dedupe.responded(d.rec, payload, nil)
+	} else {
 		// The requester must still get its one answer: a Failed
 		// handler-error naming why the response could not be sent (for
 		// instance a payload over max_payload).
 		ferr := &verdict.Error{Reason: verdict.ReasonHandlerError, Message: fmt.Sprintf("response of %d bytes not sent: %v", len(payload), err)}
+		d.host.dedupe.responded(d.rec, nil, ferr)
 		if serr := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, ferr, nil); serr != nil {
 			d.host.log.Warn("response not sent", "id", d.ID, "err", err, "then", serr)
 		}

@@ -58,6 +58,12 @@ type Config struct {
 	// DedupeWindow is how many accepted delivery IDs the node remembers;
 	// zero means DefaultDedupeWindow.
 	DedupeWindow int
+	// DedupeResponseBytes bounds the payload bytes of handled requests'
+	// responses kept in the window, so that a duplicate gets its response
+	// again; past it the oldest are dropped and a duplicate of theirs is
+	// answered verdict.ErrResponseGone. Zero means
+	// DefaultDedupeResponseBytes; negative keeps none.
+	DedupeResponseBytes int
 	// IdleTimeout deactivates an activation with no work for this long.
 	// Zero means DefaultIdleTimeout; negative means never.
 	IdleTimeout time.Duration
@@ -119,6 +125,9 @@ func (c *Config) validate() error {
 	}
 	if c.DedupeWindow == 0 {
 		c.DedupeWindow = DefaultDedupeWindow
+	}
+	if c.DedupeResponseBytes == 0 {
+		c.DedupeResponseBytes = DefaultDedupeResponseBytes
 	}
 	if c.ParkPerAddress < 0 || c.ParkBacklog < 0 || c.ClaimConcurrency < 0 {
 		return fmt.Errorf("%w: negative ParkPerAddress, ParkBacklog or ClaimConcurrency", ErrInvalidConfig)
@@ -220,7 +229,7 @@ func New(cfg Config) (*Host, error) {
 		cfg:         cfg,
 		nodeID:      cfg.Node.String(),
 		log:         cfg.Logger.With("node", cfg.Node.String()),
-		dedupe:      newDedupe(cfg.DedupeWindow),
+		dedupe:      newDedupe(cfg.DedupeWindow, max(cfg.DedupeResponseBytes, 0)),
 		breaker:     br,
 		kinds:       map[string]Factory{},
 		activations: map[subjects.Address]*activation{},
@@ -305,9 +314,8 @@ func (h *Host) intake(m *nats.Msg) {
 			return
 		}
 	}
-	if h.dedupe.seen(e.ID) {
-		h.dedupeHits.Add(1)
-		h.reply(m, nil)
+	if r := h.dedupe.lookup(e.ID); r != nil {
+		h.duplicate(m, e, r)
 		return
 	}
 	if b := h.breaker; b != nil {
@@ -355,7 +363,14 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 				return
 			}
 		}
+		// Remembered before it can be settled, so that a failure racing
+		// the enqueue finds the record to forget.
+		e.rec = h.dedupe.add(e.ID, e.expectResponse)
 		err := a.enqueue(e)
+		if err != nil {
+			h.dedupe.forget(e.rec)
+			e.rec = nil
+		}
 		if err == errActivationGone {
 			continue // collected as idle just now: activate afresh
 		}
@@ -365,8 +380,33 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 		}
 		break
 	}
-	h.dedupe.add(e.ID)
 	h.answerAccepted(m, e)
+}
+
+// duplicate answers a delivery whose ID is in the dedupe window from the
+// outcome recorded for it, without enqueuing it again: a request already
+// handled gets Accepted and its response again (to the duplicate's answer
+// subject), or verdict.ErrResponseGone once the response was dropped; a
+// delivery that failed late gets that failure; anything else Accepted
+// (still queued, or a plain delivery). Never Accepted followed by silence.
+func (h *Host) duplicate(m *nats.Msg, e *entry, r *record) {
+	h.dedupeHits.Add(1)
+	state, payload, err := h.dedupe.outcomeOf(r)
+	switch {
+	case state == recFailed:
+		h.reply(m, err)
+	case !r.request || !e.expectResponse:
+		h.reply(m, nil)
+	case state == recRespGone:
+		h.reply(m, verdict.New(verdict.ReasonResponseGone, "request %s was handled on %s; its response is no longer kept", e.ID, h.nodeID))
+	case state == recResponded:
+		h.reply(m, nil)
+		if serr := h.sendAnswer(e.answerTo, e.ID, AnswerResponse, err, payload); serr != nil {
+			h.log.Warn("response not re-sent", "id", e.ID, "err", serr)
+		}
+	default:
+		h.reply(m, nil) // queued or running: its response is still to come
+	}
 }
 
 // answerAccepted sends the reply of an enqueued delivery: Accepted, or the
@@ -584,6 +624,21 @@ func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte) error 
 	return h.cfg.Conn.PublishMsg(msg)
 }
 
+// sendLate publishes e's late verdict; for a request it says so
+// (HeaderExpectResponse), so that a sender no longer awaiting it counts it
+// as unmatched instead of reading it as a plain delivery's.
+func (h *Host) sendLate(e *entry, err error) error {
+	msg := &nats.Msg{Subject: e.answerTo, Header: nats.Header{}}
+	msg.Header.Set(HeaderID, e.ID)
+	msg.Header.Set(HeaderAnswer, AnswerVerdict)
+	msg.Header.Set(HeaderAnswerToken, AnswerTokenOf(h.answerKey, e.ID))
+	if e.expectResponse {
+		msg.Header.Set(HeaderExpectResponse, "true")
+	}
+	verdict.Encode(msg.Header, err, h.nodeID)
+	return h.cfg.Conn.PublishMsg(msg)
+}
+
 // fail settles an accepted entry with a failure, unless the handler took it:
 // in the synchronous reply if the intake has not answered yet, else as one
 // late answer.
@@ -592,6 +647,7 @@ func (h *Host) fail(e *entry, err error) {
 		return
 	}
 	e.err = err
+	h.dedupe.failed(e.rec, err) // a resendable failure forgets the ID: its re-send is accepted
 	if e.replied.CompareAndSwap(false, true) {
 		return // the intake will send err as the reply
 	}
@@ -600,7 +656,7 @@ func (h *Host) fail(e *entry, err error) {
 		h.log.Warn("delivery failed after acceptance; sender gave no answer subject", "id", e.ID, "address", string(e.To), "err", err)
 		return
 	}
-	if serr := h.sendAnswer(e.answerTo, e.ID, AnswerVerdict, err, nil); serr != nil {
+	if serr := h.sendLate(e, err); serr != nil {
 		h.log.Warn("late verdict not sent", "id", e.ID, "err", serr)
 	}
 }

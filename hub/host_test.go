@@ -135,16 +135,52 @@ func TestWireAnswers(t *testing.T) {
 }
 
 func TestDedupeWindowEvicts(t *testing.T) {
-	d := newDedupe(3)
+	d := newDedupe(3, 10)
+	seen := func(id string) bool { return d.lookup(id) != nil }
+	recs := map[string]*record{}
 	for _, id := range []string{"a", "b", "c"} {
-		d.add(id)
+		recs[id] = d.add(id, true)
 	}
-	if !d.seen("a") || !d.seen("c") {
+	if !seen("a") || !seen("c") {
 		t.Fatal("window lost a recent ID")
 	}
-	d.add("d")
-	if d.seen("a") || !d.seen("b") || !d.seen("d") {
+	d.add("d", false)
+	if seen("a") || !seen("b") || !seen("d") {
 		t.Error("window did not evict the oldest ID")
+	}
+	// Responses are bounded in bytes, oldest dropped first.
+	d.responded(recs["b"], []byte("123456"), nil)
+	d.responded(recs["c"], []byte("7890ab"), nil)
+	if st, _, _ := d.outcomeOf(recs["b"]); st != recRespGone {
+		t.Errorf("b: state %d, want its response dropped past the byte bound", st)
+	}
+	if st, p, _ := d.outcomeOf(recs["c"]); st != recResponded || string(p) != "7890ab" {
+		t.Errorf("c: state %d %q", st, p)
+	}
+	// A resendable late failure forgets the ID; a terminal one is kept.
+	d.failed(recs["c"], verdict.ErrNotOwner)
+	if seen("c") || d.bytes != 0 {
+		t.Errorf("c still remembered (bytes %d) after a resendable late refusal", d.bytes)
+	}
+	r := d.lookup("d")
+	d.failed(r, verdict.ErrActivationFailed)
+	if st, _, err := d.outcomeOf(r); st != recFailed || !errors.Is(err, verdict.ErrActivationFailed) {
+		t.Errorf("d: %d %v", st, err)
+	}
+	// Forgetting an old record leaves a newer one of the same ID alone.
+	old := d.add("e", false)
+	d.forget(old)
+	fresh := d.add("e", false)
+	d.forget(old)
+	if d.lookup("e") != fresh {
+		t.Error("forgetting a stale record dropped the fresh one")
+	}
+	for range 1000 { // the response queue stays bounded by the window
+		r := d.add("x", true)
+		d.responded(r, []byte("1"), nil)
+	}
+	if len(d.responses) > 12 {
+		t.Errorf("%d responses queued for a window of 3", len(d.responses))
 	}
 }
 

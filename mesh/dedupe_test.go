@@ -1,0 +1,142 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// TestDeactivatedQueueResent: an activation deactivated with a queue fails
+// each queued delivery late with the resendable not-owner; the dedupe window
+// forgets those IDs, so re-sending them to the same generation is accepted
+// and each is handled exactly once — not answered Accepted from the window
+// and never handled (a loss reported as success).
+func TestDeactivatedQueueResent(t *testing.T) {
+	s := natstest.RunServer(t)
+	var lateMu sync.Mutex
+	late := map[string]error{}
+	n, rec := testNode(t, s, "a", WithLateVerdicts(func(v LateVerdict) {
+		lateMu.Lock()
+		late[v.ID] = v.Err
+		lateMu.Unlock()
+	}))
+	release := make(chan struct{})
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		if d.Type == "block" {
+			<-release
+		}
+		return nil
+	}
+	ctx := context.Background()
+	if _, err := n.Deliver(ctx, Delivery{To: "rec/q", ID: "head", Type: "block"}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return rec.executions("head") == 1 }, "head running")
+	const queued = 50
+	ids := make([]string, queued)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("q-%d", i)
+		if _, err := n.Deliver(ctx, Delivery{To: "rec/q", ID: ids[i], Stream: "s"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		n.Host().Deactivate("rec/q") // fails the queue at once, then waits for the head's handler
+		close(done)
+	}()
+	natstest.Eventually(t, 5*time.Second, func() bool {
+		lateMu.Lock()
+		defer lateMu.Unlock()
+		return len(late) == queued
+	}, "late verdicts for the queue")
+	close(release)
+	<-done
+	for _, id := range ids {
+		if err := late[id]; !errors.Is(err, verdict.ErrNotOwner) || !verdict.IsResendable(err) {
+			t.Fatalf("%s: late verdict %v", id, err)
+		}
+		if rec.executions(id) != 0 {
+			t.Fatalf("%s handled before its re-send", id)
+		}
+	}
+	for _, id := range ids {
+		if _, err := n.Deliver(ctx, Delivery{To: "rec/q", ID: id, Stream: "s"}); err != nil {
+			t.Fatalf("re-send %s: %v", id, err)
+		}
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return rec.total() == queued+1 }, "re-sent deliveries handled: %d", rec.total())
+	for _, id := range ids {
+		if got := rec.executions(id); got != 1 {
+			t.Errorf("%s handled %d times, want once", id, got)
+		}
+	}
+	// The re-sent ones are remembered again: a duplicate is not run twice.
+	if _, err := n.Deliver(ctx, Delivery{To: "rec/q", ID: ids[0], Stream: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.executions(ids[0]); got != 1 {
+		t.Errorf("duplicate of a handled delivery ran again (%d)", got)
+	}
+}
+
+// TestDuplicateRequestGetsResponse: a duplicate of a handled Request gets
+// its response again from the window (handler run once); once the bounded
+// store dropped it, the duplicate gets verdict.ErrResponseGone — never
+// Accepted followed by silence.
+func TestDuplicateRequestGetsResponse(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		return d.Respond([]byte("re:" + d.ID))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 3 {
+		resp, err := n.Request(ctx, Delivery{To: "rec/r", ID: "once"})
+		if err != nil || string(resp.Payload) != "re:once" {
+			t.Fatalf("request %d: %q %v", i, resp.Payload, err)
+		}
+	}
+	if got := rec.executions("once"); got != 1 {
+		t.Errorf("handler ran %d times", got)
+	}
+
+	nc := natstest.Connect(t, s)
+	small, err := NewNode(NodeConfig{Conn: nc, Name: "small", Host: hub.Config{DedupeResponseBytes: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec2 := newRecorder()
+	rec2.fn = rec.fn
+	if err := small.Register("rec", rec2.factory); err != nil {
+		t.Fatal(err)
+	}
+	if err := small.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	if _, err := small.Request(ctx, Delivery{To: "rec/r", ID: "first-one"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := small.Request(ctx, Delivery{To: "rec/r", ID: "second-one"}); err != nil { // evicts the first response (16 bytes)
+		t.Fatal(err)
+	}
+	if resp, err := small.Request(ctx, Delivery{To: "rec/r", ID: "second-one"}); err != nil || string(resp.Payload) != "re:second-one" {
+		t.Fatalf("duplicate of a kept response: %q %v", resp.Payload, err)
+	}
+	_, err = small.Request(ctx, Delivery{To: "rec/r", ID: "first-one"})
+	if !errors.Is(err, verdict.ErrResponseGone) || verdict.IsTransient(err) {
+		t.Fatalf("duplicate of a dropped response: %v; want ErrResponseGone", err)
+	}
+	if rec2.executions("first-one") != 1 || rec2.executions("second-one") != 1 {
+		t.Errorf("executions %d, %d", rec2.executions("first-one"), rec2.executions("second-one"))
+	}
+}
