@@ -105,6 +105,11 @@ http: 127.0.0.1:%d
 ping_interval: "500ms"
 ping_max: 2
 
+# Lame duck (SIGUSR2): clients are closed one by one after 1 s, at most
+# 1 s apart (the 30 s duration is the server's minimum).
+lame_duck_duration: "30s"
+lame_duck_grace_period: "1s"
+
 jetstream {
   store_dir: %q
 }

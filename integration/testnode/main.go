@@ -5,11 +5,13 @@
 //	hold   accepts every delivery and never finishes handling it (requests
 //	       await a response that never comes, until the process dies)
 //	count  reports each execution as a request to the subject "test.exec"
-//	       (headers Mesh-Id, Test-Node, Test-Address, Test-Stream, Test-At
-//	       (ns), Test-Exec (unique per execution, the same on retries of the
-//	       report); the payload is the delivery's), retried until the test
-//	       answers, before it returns, so a test counts executions and their
-//	       order across processes
+//	       (headers Mesh-Id, Test-Node, Test-Address, Test-Stream,
+//	       Test-Start and Test-At (ns: the turn's start and end), Test-Exec
+//	       (unique per execution, the same on retries of the report); the
+//	       payload is the delivery's), retried until the test answers,
+//	       before it returns, so a test counts executions, their order and
+//	       overlaps across processes; and each factory run to "test.factory"
+//	       (Test-Node, Test-Address, Test-At, Test-Exec)
 //	slow   like count, after 50 ms of work
 //	dctr   the durable counter (internal/counterhub, DESIGN §7a): "inc" adds one,
 //	       saves, then responds with the new value. A delivery with payload
@@ -65,9 +67,29 @@ func main() {
 		_ = pub.Flush() // every execution event reaches the test
 		pub.Close()
 	}()
+	report := func(m *nats.Msg) error {
+		// Acknowledged and retried, so that no event is lost when a NATS
+		// server dies under the test.
+		var err error
+		for range 20 {
+			if _, err = pub.RequestMsg(m, 2*time.Second); err == nil {
+				return nil
+			}
+		}
+		return err
+	}
 	counting := func(work time.Duration) hub.Factory {
-		return func(context.Context, subjects.Address) (hub.Hub, error) {
+		return func(_ context.Context, addr subjects.Address) (hub.Hub, error) {
+			f := nats.NewMsg("test.factory")
+			f.Header.Set("Test-Node", *name)
+			f.Header.Set("Test-Address", string(addr))
+			f.Header.Set("Test-At", strconv.FormatInt(time.Now().UnixNano(), 10))
+			f.Header.Set("Test-Exec", nuid.Next())
+			if err := report(f); err != nil {
+				return nil, err
+			}
 			return hub.HandlerFunc(func(ctx context.Context, d *hub.Delivery) error {
+				started := time.Now().UnixNano()
 				if work > 0 {
 					time.Sleep(work)
 				}
@@ -76,18 +98,11 @@ func main() {
 				m.Header.Set("Test-Node", *name)
 				m.Header.Set("Test-Address", string(d.To))
 				m.Header.Set("Test-Stream", string(d.Stream))
+				m.Header.Set("Test-Start", strconv.FormatInt(started, 10))
 				m.Header.Set("Test-At", strconv.FormatInt(time.Now().UnixNano(), 10))
 				m.Header.Set("Test-Exec", nuid.Next())
 				m.Data = d.Payload
-				// Acknowledged and retried, so that no execution event is
-				// lost when a NATS server dies under the test.
-				var err error
-				for range 20 {
-					if _, err = pub.RequestMsg(m, 2*time.Second); err == nil {
-						break
-					}
-				}
-				if err != nil {
+				if err := report(m); err != nil {
 					return err
 				}
 				return d.Respond(d.Payload)
