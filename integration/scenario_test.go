@@ -52,7 +52,7 @@ func scenarioReps() int {
 
 // prodNodeArgs are testnode flags with the production membership defaults.
 func prodNodeArgs(name, url string) []string {
-	return []string{"--name", name, "--nats-url", url, "--kv-replicas", "3",
+	return []string{"--name", name, "--nats-url", url, "--kv-replicas", "3", "--report-factories",
 		"--ttl", membership.DefaultTTL.String(), "--heartbeat", membership.DefaultHeartbeat.String()}
 }
 

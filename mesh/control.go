@@ -150,8 +150,13 @@ func (n *Node) Hubs() HubsReport {
 }
 
 // serveControl registers the node as a NATS micro service with its control
-// endpoints.
+// endpoints; its metadata names the current session's generation.
 func (n *Node) serveControl() error {
+	n.svcMu.Lock()
+	defer n.svcMu.Unlock()
+	if n.svcStopped {
+		return nil
+	}
 	svc, err := micro.AddService(n.conn, micro.Config{
 		Name:        ServiceName,
 		Version:     Version,
@@ -198,10 +203,33 @@ func (n *Node) serveControl() error {
 	} {
 		if err := add(e.verb, e.h); err != nil {
 			_ = svc.Stop()
+			n.svc = nil
 			return err
 		}
 	}
 	return nil
+}
+
+// restartControl re-registers the control service for a new session, so
+// its metadata (node, generation) is the new generation's.
+func (n *Node) restartControl() {
+	if n.cfg.DisableControl {
+		return
+	}
+	n.svcMu.Lock()
+	old := n.svc
+	n.svc = nil
+	stopped := n.svcStopped
+	n.svcMu.Unlock()
+	if old != nil {
+		_ = old.Stop()
+	}
+	if stopped {
+		return
+	}
+	if err := n.serveControl(); err != nil {
+		n.log.Warn("control service not restarted for the new session", "err", err)
+	}
 }
 
 // onDrain runs a drain requested over the control subject.

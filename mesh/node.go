@@ -118,7 +118,7 @@ type Node struct {
 	opts    []Option
 
 	mu      sync.RWMutex
-	inc     *incarnation   // the current generation's parts
+	inc     *session       // the current session: everything stamped with the generation
 	state   hub.StateStore // durable hub state, opened at the first join
 	kinds   map[string]hub.Factory
 	running bool
@@ -128,9 +128,10 @@ type Node struct {
 	ingressWG    sync.WaitGroup
 	ingressCount atomic.Int64
 	badReplies   atomic.Int64 // ingress and control requests refused for their reply subject
-	svc          micro.Service
+	svcMu        sync.Mutex
+	svc          micro.Service // the current session's control service
+	svcStopped   bool
 	draining     atomic.Bool
-	stopOnce     sync.Once
 	ingressOnce  sync.Once
 
 	departures atomic.Int64 // departures of other generations observed
@@ -193,22 +194,12 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 		if err != nil {
 			return nil, err
 		}
-		n.inc = &incarnation{id: id, host: h}
+		n.inc = &session{id: id, host: h}
 	}
 	return n, nil
 }
 
-// incarnation is one generation of the node: its host and, with
-// membership, its registration and directory handle.
-type incarnation struct {
-	id      subjects.NodeID
-	host    *hub.Host
-	members *membership.Membership
-	dir     *directory.Directory
-	stopEv  func()
-}
-
-func (n *Node) current() *incarnation {
+func (n *Node) current() *session {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	return n.inc
@@ -433,15 +424,6 @@ func (n *Node) Close() error {
 	return nil
 }
 
-func (inc *incarnation) close() {
-	inc.host.Close()
-	if inc.members != nil {
-		inc.stopEv()
-		inc.dir.Close()
-		inc.members.Close()
-	}
-}
-
 func (n *Node) stopIngress() {
 	n.ingressOnce.Do(func() {
 		if n.ingressSub != nil {
@@ -452,11 +434,13 @@ func (n *Node) stopIngress() {
 
 func (n *Node) stopServing() {
 	n.stopIngress()
-	n.stopOnce.Do(func() {
-		if n.svc != nil {
-			_ = n.svc.Stop()
-		}
-	})
+	n.svcMu.Lock()
+	svc := n.svc
+	n.svc, n.svcStopped = nil, true
+	n.svcMu.Unlock()
+	if svc != nil {
+		_ = svc.Stop()
+	}
 }
 
 // StateStore returns the node's durable hub state store (DESIGN §7a): the

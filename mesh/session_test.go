@@ -2,12 +2,19 @@ package mesh
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/subjects"
 )
 
 // TestDrainBoundNATSUnreachable: Drain returns by its ctx's deadline even
@@ -44,5 +51,83 @@ func TestDrainBoundNATSUnreachable(t *testing.T) {
 			}
 			t.Logf("Drain with a %v deadline, NATS unreachable, a stuck handler: returned after %v", deadline, took)
 		})
+	}
+}
+
+// TestRejoinStartsNewSession: a node declared gone behind its back (its
+// registry entry removed) fences itself and starts a new session: a new
+// generation with its own host and subscription, its control service's
+// metadata naming the new generation, the old generation's subject without
+// responders, and nothing of the old session left running.
+func TestRejoinStartsNewSession(t *testing.T) {
+	s := natstest.RunServer(t)
+	rec := newRecorder()
+	n, nc := clusterNode(t, s, "a", rec)
+	if _, err := n.Deliver(context.Background(), Delivery{To: "rec/x"}); err != nil {
+		t.Fatal(err)
+	}
+	old, oldHost := n.ID(), n.Host()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(context.Background(), membership.BucketName(subjects.DefaultPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(context.Background(), old.Name); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { return n.ID() != old && n.Host() != oldHost }, "a new session")
+	if oldHost.Stats().Activations != 0 {
+		t.Errorf("the old session still holds %d activations", oldHost.Stats().Activations)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool {
+		msgs := collectInfo(t, nc)
+		for _, md := range msgs {
+			if md[MetaNode] == n.ID().String() {
+				return true
+			}
+		}
+		return false
+	}, "the control service names the new generation")
+	for _, md := range collectInfo(t, nc) {
+		if md[MetaNode] == old.String() {
+			t.Errorf("a control service still names the old generation %s", old)
+		}
+	}
+	m := nats.NewMsg(subjects.DefaultPrefix.Delivery(old, "rec/x", ""))
+	m.Header.Set(hub.HeaderID, "to-old")
+	if _, err := nc.RequestMsg(m, 2*time.Second); !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("the old generation's subject: %v, want no responders", err)
+	}
+	if r, err := n.Deliver(context.Background(), Delivery{To: "rec/x"}); err != nil || r.Node != n.ID() {
+		t.Fatalf("after the rejoin: %+v %v", r, err)
+	}
+}
+
+// collectInfo gathers the metadata of every natsmesh micro service that
+// answers an INFO request within a short while.
+func collectInfo(t *testing.T, nc *nats.Conn) []map[string]string {
+	t.Helper()
+	inbox := nats.NewInbox()
+	ch := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SRV.INFO."+ServiceName, inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]string
+	timeout := time.After(300 * time.Millisecond)
+	for {
+		select {
+		case m := <-ch:
+			var info micro.Info
+			if json.Unmarshal(m.Data, &info) == nil {
+				out = append(out, info.Metadata)
+			}
+		case <-timeout:
+			return out
+		}
 	}
 }

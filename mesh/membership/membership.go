@@ -751,6 +751,21 @@ func (m *Membership) Alive(node subjects.NodeID) bool {
 	return ok && v.Node == node
 }
 
+// Gone reports whether node is known to be gone: a newer generation of its
+// name is live, or it departed within the last fencing delay. It is the
+// cluster view's answer for work addressed to node (fail it at once rather
+// than send), bounded in memory: an older departure is no longer
+// remembered, and a leg to it meets no responders at once anyway.
+func (m *Membership) Gone(node subjects.NodeID) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if v, ok := m.live[node.Name]; ok && v.Node.Generation > node.Generation {
+		return true
+	}
+	at, ok := m.departed[node]
+	return ok && time.Since(at) <= m.cfg.FencingDelay
+}
+
 // TakeoverAt returns when this node may take over addresses claimed by
 // node, a generation that is not alive: its departure as this node learned
 // it plus the fencing delay (for a departure before this node joined, its

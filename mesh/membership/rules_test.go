@@ -197,6 +197,28 @@ func TestTakeoverAfterFencingDelay(t *testing.T) {
 	if d := time.Until(at); d <= 0 || d > 300*time.Millisecond {
 		t.Fatalf("takeover in %v, want within (0, 300ms]", d)
 	}
+	if !w.Gone(a.Self().Node) {
+		t.Fatal("a generation that just left is not Gone")
+	}
+	// The departure is remembered only for the fencing delay: the view
+	// does not grow with every departure.
+	natstest.Eventually(t, 5*time.Second, func() bool { return !w.Gone(a.Self().Node) }, "forgotten after the fencing delay")
+	b := join(t, natstest.Connect(t, s), "b", Config{})
+	natstest.Eventually(t, 5*time.Second, func() bool { return w.Alive(b.Self().Node) }, "b joined")
+	if err := b.Leave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return !w.Alive(b.Self().Node) }, "b left")
+	w.mu.RLock()
+	n := len(w.departed)
+	w.mu.RUnlock()
+	if n != 1 {
+		t.Fatalf("%d departures remembered, want 1 (the pruned one gone)", n)
+	}
+	older := subjects.NodeID{Name: w.Self().Node.Name, Generation: w.Self().Node.Generation - 1}
+	if !w.Gone(older) {
+		t.Fatal("an older generation of a live name is not Gone")
+	}
 }
 
 // TestRegistryClock: silence is counted only while writes are seen.

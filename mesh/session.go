@@ -1,0 +1,257 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/hubstate"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// session is everything stamped with one node generation (DESIGN §1): the
+// generation's delivery subscription and its host (activations, their
+// claims through the directory), its registration, its directory handle,
+// its watcher of membership events, and (restarted with it, see
+// Node.restartControl) the control service whose metadata names the
+// generation. A rejoin ends one session (close) and starts the next
+// (join); the node reads the current one through Node.current and caches
+// none of its parts. Subscriber activations re-arm on the next session
+// themselves (package syncstream).
+//
+// Still node-wide, not per session (see issue 9's note): the client's
+// identity and answer subject, which keep the generation the Node was
+// built with.
+type session struct {
+	id      subjects.NodeID
+	host    *hub.Host
+	members *membership.Membership
+	dir     *directory.Directory
+	stopEv  func()
+}
+
+// close ends the session: its host (the queue fails late ShuttingDown),
+// its watcher, its directory handle and its registration (left to expire).
+func (inc *session) close() {
+	inc.host.Close()
+	if inc.members != nil {
+		inc.stopEv()
+		inc.dir.Close()
+		inc.members.Close()
+	}
+}
+
+// join starts a new generation: it subscribes the generation's delivery
+// subject (join order: before the generation is announced, so a sender that
+// reads it from the registry never meets no responders), registers it,
+// opens the directory, and then lets the host serve.
+func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
+	mc := n.cfg.Membership
+	if err := n.openState(ctx); err != nil {
+		return nil, err
+	}
+	inc := &session{}
+	claims := &lateClaims{}
+	// The host exists before the membership does (join order): until
+	// Join returns it is fenced.
+	var mmu sync.Mutex
+	var members *membership.Membership
+	current := func() *membership.Membership {
+		mmu.Lock()
+		defer mmu.Unlock()
+		return members
+	}
+	fence := func() error {
+		if m := current(); m == nil || !m.Confirmed() {
+			return verdict.New(verdict.ReasonHubShuttingDown, "node %s is fenced: its registration is not confirmed", n.cfg.Name)
+		}
+		return nil
+	}
+	await := func(ctx context.Context) error {
+		for {
+			if m := current(); m != nil {
+				return m.WaitConfirmed(ctx)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	m, err := membership.Join(ctx, membership.Config{
+		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: n.kindNames(), Version: Version,
+		Heartbeat: mc.Heartbeat, TTL: mc.TTL, FencingDelay: mc.FencingDelay, Replicas: mc.Replicas,
+		AdvisorySubject: mc.AdvisorySubject, Replace: mc.Replace || rejoin, // a rejoin replaces its own fenced generation
+		Subscriber: mc.Subscriber,
+		Logger:     n.cfg.Logger,
+		BeforeAnnounce: func(id subjects.NodeID) (func(), error) {
+			h, err := n.newHost(id, claims, fence, await)
+			if err != nil {
+				return nil, err
+			}
+			if err := h.Start(); err != nil {
+				h.Close()
+				return nil, err
+			}
+			inc.id, inc.host = id, h
+			return func() { h.Close(); inc.host = nil }, nil
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mesh: join: %w", err)
+	}
+	mmu.Lock()
+	members = m
+	mmu.Unlock()
+	inc.members = m
+	dir, err := directory.Open(ctx, directory.Config{
+		Conn: n.conn, Members: m, Prefix: n.prefix, Replicas: mc.Replicas, VerifyInterval: mc.VerifyInterval,
+		Logger: n.cfg.Logger,
+		OnLost: func(addr subjects.Address) {
+			if h := inc.host; h != nil {
+				h.Deactivate(addr)
+			}
+		},
+	})
+	if err != nil {
+		inc.host.Close()
+		m.Close()
+		return nil, fmt.Errorf("mesh: directory: %w", err)
+	}
+	inc.dir = dir
+	claims.set(dir)
+	inc.stopEv = m.OnEvent(func(e membership.Event) {
+		if e.Member.Node == inc.id {
+			return
+		}
+		switch {
+		case e.Type.Departed():
+			n.departures.Add(1)
+			n.Client.FailNode(e.Member.Node, e.Type.String())
+		case e.Type == membership.Moved:
+			n.Client.FailInFlight(e.Member.Node, fmt.Errorf("owner %s's connection moved (%s) with the leg in flight: %w", e.Member.Node, e.Reason, nats.ErrDisconnected))
+		}
+		if f := n.cfg.OnMembershipEvent; f != nil {
+			f(e)
+		}
+	})
+	n.log.Info("joined the mesh", "generation", inc.id.String(), "members", len(m.Members()))
+	return inc, nil
+}
+
+// openState binds the durable state bucket once (DESIGN §7a), unless the
+// host was given a store or the membership config disables it.
+func (n *Node) openState(ctx context.Context) error {
+	mc := n.cfg.Membership
+	n.mu.RLock()
+	done := n.state != nil
+	n.mu.RUnlock()
+	if done || mc.DisableState || n.cfg.Host.State != nil {
+		return nil
+	}
+	replicas := mc.StateReplicas
+	if replicas == 0 {
+		replicas = mc.Replicas
+	}
+	var st *hubstate.Store
+	err := membership.Retry(ctx, func() (err error) {
+		st, err = hubstate.Open(ctx, hubstate.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, MaxValueSize: mc.StateMaxValueSize})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("mesh: state bucket: %w", err)
+	}
+	n.mu.Lock()
+	n.state = st
+	n.mu.Unlock()
+	return nil
+}
+
+// lateClaims is the host's claims seam before the directory is open (the
+// host subscribes before the generation is announced): until then nobody
+// has read the generation, and a claim fails resendable.
+type lateClaims struct {
+	mu  sync.RWMutex
+	dir *directory.Directory
+}
+
+func (c *lateClaims) set(d *directory.Directory) {
+	c.mu.Lock()
+	c.dir = d
+	c.mu.Unlock()
+}
+
+func (c *lateClaims) get() *directory.Directory {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.dir
+}
+
+func (c *lateClaims) Claim(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+	d := c.get()
+	if d == nil {
+		return subjects.NodeID{}, errors.New("directory not open yet")
+	}
+	return d.Claim(ctx, addr)
+}
+
+func (c *lateClaims) Release(addr subjects.Address) {
+	if d := c.get(); d != nil {
+		d.Release(addr)
+	}
+}
+
+// fencing waits for the current generation to lose its registration (it
+// was declared gone: a frozen process, a long partition, a newer generation
+// of the name) and then drops its activations and rejoins with a fresh
+// generation. The lost generation serves nothing meanwhile (its host's
+// fence refuses every delivery).
+func (n *Node) fencing() {
+	defer n.wg.Done()
+	for {
+		inc := n.current()
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-inc.members.Lost():
+		}
+		if inc.members.Superseded() {
+			n.log.Error("a newer generation of this node's name registered: this process stands down", "generation", inc.id.String())
+			inc.close()
+			if f := n.cfg.OnFatal; f != nil {
+				f(fmt.Errorf("mesh: generation %s superseded by a newer incarnation of %q", inc.id, inc.id.Name))
+			}
+			return
+		}
+		n.log.Warn("generation declared gone: dropping its activations and rejoining", "generation", inc.id.String())
+		inc.close()
+		for n.ctx.Err() == nil {
+			ctx, cancel := context.WithTimeout(n.ctx, DefaultStartTimeout)
+			next, err := n.join(ctx, true)
+			cancel()
+			if err == nil {
+				n.mu.Lock()
+				n.inc = next
+				n.mu.Unlock()
+				n.rejoins.Add(1)
+				n.restartControl() // its metadata names the new generation
+				break
+			}
+			n.log.Warn("rejoin failed; retrying", "err", err)
+			select {
+			case <-n.ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
