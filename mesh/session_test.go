@@ -32,7 +32,21 @@ func TestDrainBoundNATSUnreachable(t *testing.T) {
 				<-block // ignores ctx
 				return nil
 			}
-			n, _ := clusterNode(t, s, "a", rec)
+			// The server is shut down under the node on purpose: its
+			// connection's async errors (broken pipe) are expected.
+			nc := natstest.Connect(t, s, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+			mc := fastMembership
+			n, err := NewNode(NodeConfig{Conn: nc, Name: "a", Membership: &mc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := n.Register("rec", rec.factory); err != nil {
+				t.Fatal(err)
+			}
+			if err := n.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { n.Close() })
 			if _, err := n.Deliver(context.Background(), Delivery{To: "rec/stuck"}); err != nil {
 				t.Fatal(err)
 			}
@@ -41,7 +55,7 @@ func TestDrainBoundNATSUnreachable(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
 			defer cancel()
 			start := time.Now()
-			err := n.Drain(ctx)
+			err = n.Drain(ctx)
 			took := time.Since(start)
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("Drain = %v, want the deadline's error", err)
