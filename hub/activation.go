@@ -99,10 +99,20 @@ func (a *activation) turns() {
 			}
 			return
 		}
+		hub := a.hub
+		if b, ok := hub.(Batcher); ok && len(a.queue)-a.head > 1 {
+			n := min(len(a.queue)-a.head, MaxBatch)
+			batch := make([]*entry, n)
+			copy(batch, a.queue[a.head:a.head+n])
+			clear(a.queue[a.head : a.head+n])
+			a.head += n
+			a.mu.Unlock()
+			a.handleBatch(b, batch)
+			continue
+		}
 		e := a.queue[a.head]
 		a.queue[a.head] = nil
 		a.head++
-		hub := a.hub
 		a.mu.Unlock()
 		if err := a.host.serving(); err != nil {
 			// Fenced while it waited (e.g. the process was frozen and
@@ -147,6 +157,52 @@ func (a *activation) handle(hub Hub, e *entry) {
 	}
 	if err != nil {
 		h.log.Warn("hub handler failed", "address", string(a.addr), "id", d.ID, "type", d.Type, "err", err)
+	}
+}
+
+// handleBatch runs one turn of a Batcher over several deliveries, each
+// settled as handle settles one: a delivery the hub did not respond to
+// gets an empty response, or the batch's error.
+func (a *activation) handleBatch(b Batcher, batch []*entry) {
+	h := a.host
+	if err := h.serving(); err != nil {
+		for _, e := range batch {
+			h.fail(e, err)
+		}
+		return
+	}
+	ds := make([]*Delivery, 0, len(batch))
+	for _, e := range batch {
+		if e.taken.CompareAndSwap(false, true) {
+			ds = append(ds, &e.Delivery)
+		}
+	}
+	if len(ds) == 0 {
+		return
+	}
+	err := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("handler panic: %v", r)
+				h.log.Error("hub batch handler panicked", "address", string(a.addr), "deliveries", len(ds), "panic", r)
+			}
+		}()
+		return b.HandleBatch(h.ctx, ds)
+	}()
+	h.handled.Add(int64(len(ds)))
+	var rerr error
+	if sv := stateVerdict(err, h.nodeID); sv != nil {
+		rerr = sv
+	} else if err != nil {
+		rerr = &verdict.Error{Reason: verdict.ReasonHandlerError, Message: err.Error()}
+		h.log.Warn("hub batch handler failed", "address", string(a.addr), "deliveries", len(ds), "err", err)
+	}
+	for _, d := range ds {
+		if d.expectResponse && d.responded.CompareAndSwap(false, true) {
+			if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil); serr != nil {
+				h.log.Warn("response not sent", "id", d.ID, "err", serr)
+			}
+		}
 	}
 }
 

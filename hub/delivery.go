@@ -32,6 +32,22 @@ type Pinner interface {
 	Pinned() bool
 }
 
+// MaxBatch is the most deliveries a [Batcher] receives in one turn.
+const MaxBatch = 64
+
+// Batcher is implemented by hubs that handle several queued deliveries in
+// one turn — for instance to persist their changes with one [State.Save]
+// instead of one per delivery (a hot stateful address is otherwise bounded
+// by one save round trip per delivery). When more than one delivery is
+// queued, HandleBatch receives up to MaxBatch of them in acceptance order;
+// a lone delivery goes to Handle. Turns stay one at a time. A delivery the
+// hub did not respond to gets an empty response, or HandleBatch's error
+// (as Handle's error does for one delivery).
+type Batcher interface {
+	Hub
+	HandleBatch(ctx context.Context, ds []*Delivery) error
+}
+
 // Factory builds the hub for addr. It runs on its own goroutine and may take
 // as long as it needs (deliveries arriving meanwhile are accepted and parked);
 // ctx is cancelled when the host closes. An error fails every parked delivery

@@ -19,4 +19,13 @@
 // A hub handles one delivery at a time in acceptance order (turns). An idle
 // activation costs a few hundred bytes and no goroutine: a turn goroutine runs
 // only while the inbox holds work.
+//
+// Durable state (DESIGN §7a): a factory that calls [LoadState] takes the
+// address's stored state over before its activation serves; [State.Save] is
+// a compare-and-set on the revision the activation last wrote, so an
+// activation that lost its address fails its save with [ErrStateFenced] and
+// stands down. The host declares [StateStore]; the node wires it to a
+// JetStream KV bucket (package mesh/hubstate). A [Batcher] hub handles the
+// deliveries queued together in one turn, for instance to save their
+// changes once.
 package hub

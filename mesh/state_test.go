@@ -333,3 +333,66 @@ func TestStateWithoutStore(t *testing.T) {
 		t.Fatalf("state bucket: %v", err)
 	}
 }
+
+// TestStateBatchedSaves: a hub.Batcher counter saves the increments queued
+// together with one save: under 64 concurrent callers every increment is
+// answered with its own value (1..N, each once), the stored value is N, and
+// fewer saves than increments were written.
+func TestStateBatchedSaves(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	mc := fastMembership
+	n, err := NewNode(NodeConfig{Conn: nc, Name: "a", Membership: &mc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Register("bctr", counterhub.Factory(counterhub.Options{Batch: true})); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	const addr = "bctr/hot"
+	if v, err := inc(t, n.Client, addr); err != nil || v != 1 {
+		t.Fatalf("first inc: %d, %v", v, err)
+	}
+	first := storedRecord(t, s, addr).Revision
+	const callers, each = 64, 20
+	var mu sync.Mutex
+	seen := map[uint64]bool{1: true}
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				r, err := n.Request(ctx, Delivery{To: addr, Stream: subjects.Stream(strconv.Itoa(c)), Type: counterhub.Inc})
+				cancel()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				v, _ := strconv.ParseUint(string(r.Payload), 10, 64)
+				mu.Lock()
+				if seen[v] {
+					t.Errorf("value %d answered twice", v)
+				}
+				seen[v] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	total := uint64(1 + callers*each)
+	rec := storedRecord(t, s, addr)
+	if string(rec.Data) != strconv.FormatUint(total, 10) || len(seen) != int(total) {
+		t.Fatalf("stored %q, %d distinct values, want %d", rec.Data, len(seen), total)
+	}
+	saves := rec.Revision - first
+	if saves >= total-1 {
+		t.Errorf("%d saves for %d increments: nothing batched", saves, total-1)
+	}
+	t.Logf("%d increments by %d callers in %d saves", total-1, callers, saves)
+}

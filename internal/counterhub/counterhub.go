@@ -26,6 +26,10 @@ type Options struct {
 	BeforeSave func(d *hub.Delivery)
 	// OnSave, if set, runs after each save with its outcome.
 	OnSave func(d *hub.Delivery, value uint64, err error)
+	// Batch makes the hub a hub.Batcher: the increments of the deliveries
+	// queued together are saved with one save, then each is answered with
+	// its own value. BeforeSave and OnSave are not called for batches.
+	Batch bool
 }
 
 // Factory returns the counter's factory.
@@ -41,8 +45,35 @@ func Factory(o Options) hub.Factory {
 				return nil, err
 			}
 		}
+		if o.Batch {
+			return &batchCounter{c}, nil
+		}
 		return c, nil
 	}
+}
+
+type batchCounter struct{ *counter }
+
+// HandleBatch saves the batch's increments at once (hub.Batcher).
+func (c *batchCounter) HandleBatch(ctx context.Context, ds []*hub.Delivery) error {
+	next := c.n
+	for _, d := range ds {
+		if d.Type == Inc {
+			next++
+		}
+	}
+	if next != c.n {
+		if err := c.st.Save(ctx, []byte(strconv.FormatUint(next, 10))); err != nil {
+			return err
+		}
+	}
+	for _, d := range ds {
+		if d.Type == Inc {
+			c.n++
+		}
+		_ = d.Respond([]byte(strconv.FormatUint(c.n, 10)))
+	}
+	return nil
 }
 
 type counter struct {
