@@ -195,14 +195,7 @@ func TestClusterDurableChaos(t *testing.T) {
 				requests++
 				logs[i].record(id, r, err)
 				if err != nil {
-					var ve *verdict.Error
-					reason := "other"
-					if errors.As(err, &ve) {
-						reason = ve.Reason.String()
-					} else if errors.Is(err, context.DeadlineExceeded) {
-						reason = "timeout"
-					}
-					reasons[reason]++
+					reasons[reasonOf(err)]++
 				}
 				mu.Unlock()
 				if err != nil {
@@ -273,6 +266,9 @@ func TestClusterDurableChaos(t *testing.T) {
 			r, err := tc.Request(ctx, mesh.Delivery{ID: id, To: addr, Type: counterhub.Inc})
 			mu.Lock()
 			logs[i].record(id, r, err)
+			if err != nil {
+				reasons["settle: "+reasonOf(err)]++
+			}
 			mu.Unlock()
 			return err == nil
 		}, "a settling increment of %s", addr)
@@ -318,6 +314,18 @@ func TestClusterDurableChaos(t *testing.T) {
 	if totalAcked == 0 {
 		t.Fatal("no increment got through")
 	}
+}
+
+// reasonOf names a failed request's reason for the tally.
+func reasonOf(err error) string {
+	var ve *verdict.Error
+	switch {
+	case errors.As(err, &ve):
+		return ve.Reason.String()
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	return "other"
 }
 
 // holdWatch collects the test node's "test.hold" and "test.save" reports.
