@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -773,21 +774,38 @@ func (h *Host) collectIdle(before time.Time) {
 }
 
 // Drain stops accepting (new deliveries are refused ShuttingDown), waits
-// until every accepted delivery is handled or ctx ends, fails whatever is
-// still queued with a late ShuttingDown, deactivates every activation and
-// unsubscribes. It returns ctx's error if ctx ended first. Safe to call more
-// than once.
+// until every accepted delivery is handled or ctx's deadline nears, fails
+// whatever is still queued with a late ShuttingDown, flushes those late
+// verdicts to the server, deactivates every activation and unsubscribes. The
+// last quarter of the time to ctx's deadline (at most 500 ms) is kept for
+// failing and flushing, so every late verdict is on its way to its sender
+// by the deadline, when the caller may close the connection or stop an
+// embedded server. It returns context.DeadlineExceeded (or ctx's error) if
+// not everything was handled. Safe to call more than once.
 func (h *Host) Drain(ctx context.Context) error {
 	h.mu.Lock()
 	h.draining = true
 	h.mu.Unlock()
+	// The tail of the deadline is kept for settling: the late verdicts of
+	// whatever is still queued must reach their senders (published and
+	// flushed to the server) before the caller's deadline, after which the
+	// connection — and an embedded server — may go at once.
+	wait := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithDeadline(ctx, deadline.Add(-settleReserve(time.Until(deadline))))
+		defer cancel()
+	}
 	var werr error
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for h.busy() {
 		select {
-		case <-ctx.Done():
+		case <-wait.Done():
 			werr = ctx.Err()
+			if werr == nil {
+				werr = context.DeadlineExceeded // the reserve began: the same deadline, cut short
+			}
 		case <-tick.C:
 			continue
 		}
@@ -797,8 +815,15 @@ func (h *Host) Drain(ctx context.Context) error {
 	if werr != nil {
 		grace = drainGrace // the deadline passed: do not wait much longer
 	}
-	h.closeWithin(grace)
+	h.closeWithin(grace, ctx)
 	return werr
+}
+
+// settleReserve is the part of a drain's remaining time kept for failing
+// what is still queued and flushing those late verdicts: a quarter of it, at
+// most 500 ms.
+func settleReserve(remaining time.Duration) time.Duration {
+	return min(max(remaining, 0)/4, 500*time.Millisecond)
 }
 
 // DefaultCloseWait bounds how long Close waits for handlers that ignore the
@@ -828,9 +853,12 @@ func (h *Host) busy() bool {
 // cancels builds and handlers, waits for them (at most DefaultCloseWait: a
 // handler that ignores its ctx is abandoned and logged) and deactivates
 // every activation. Safe to call more than once.
-func (h *Host) Close() { h.closeWithin(DefaultCloseWait) }
+func (h *Host) Close() { h.closeWithin(DefaultCloseWait, nil) }
 
-func (h *Host) closeWithin(wait time.Duration) {
+// closeWithin closes the host, waiting at most wait for handlers; if flush
+// is set, the late verdicts of what was still queued are flushed to the
+// server, bounded by flush's deadline (2 s without one), before the wait.
+func (h *Host) closeWithin(wait time.Duration, flush context.Context) {
 	h.mu.Lock()
 	h.draining = true
 	sub := h.sub
@@ -846,6 +874,17 @@ func (h *Host) closeWithin(wait time.Duration) {
 	}
 	for _, a := range all {
 		a.close(verdict.New(verdict.ReasonHubShuttingDown, "activation %s on %s deactivated before handling", a.addr, h.nodeID))
+	}
+	if flush != nil {
+		fctx := flush
+		if _, ok := fctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			fctx, cancel = context.WithTimeout(fctx, 2*time.Second)
+			defer cancel()
+		}
+		if err := h.cfg.Conn.FlushWithContext(fctx); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			h.log.Warn("late verdicts of the drain not confirmed flushed", "err", err)
+		}
 	}
 	h.cancel()
 	done := make(chan struct{})

@@ -140,3 +140,61 @@ func TestDuplicateRequestGetsResponse(t *testing.T) {
 		t.Errorf("executions %d, %d", rec2.executions("first-one"), rec2.executions("second-one"))
 	}
 }
+
+// TestDrainDeadlineFlushesLateVerdicts: a drain that reaches its deadline
+// with deliveries still queued fails each with a late ShuttingDown, and
+// every one of those late verdicts reaches its sender before the drain
+// returns — so the server may stop right after it (as an embedded one
+// does).
+func TestDrainDeadlineFlushesLateVerdicts(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	release := make(chan struct{})
+	defer close(release)
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		if d.Type == "block" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}
+	var mu sync.Mutex
+	late := map[string]error{}
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithLateVerdicts(func(v LateVerdict) {
+		mu.Lock()
+		late[v.ID] = v.Err
+		mu.Unlock()
+	}))
+	ctx := context.Background()
+	if _, err := c.Deliver(ctx, Delivery{To: "rec/d", Type: "block"}); err != nil {
+		t.Fatal(err)
+	}
+	const queued = 200
+	for i := range queued {
+		if _, err := c.Deliver(ctx, Delivery{To: "rec/d", ID: fmt.Sprintf("q%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := n.Drain(dctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Drain = %v, want its deadline", err)
+	}
+	got := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(late)
+	}
+	t.Logf("drain returned; %d late verdicts received so far; client %+v", got(), c.Stats())
+	s.Shutdown() // what an embedded server does right after the drain
+	natstest.Eventually(t, 5*time.Second, func() bool { return got() == queued }, "late verdicts received (%d queued)", queued)
+	mu.Lock()
+	defer mu.Unlock()
+	for id, err := range late {
+		if !errors.Is(err, verdict.ErrHubShuttingDown) || !verdict.IsResendable(err) {
+			t.Fatalf("%s: %v", id, err)
+		}
+	}
+}

@@ -603,3 +603,26 @@ func TestDeliveryIDs(t *testing.T) {
 		t.Errorf("invalid IDs were handled")
 	}
 }
+
+// TestIngressRefusesInvalidID: the ingress refuses a Mesh-Id that is not
+// printable ASCII without spaces with Failed/invalid-id, handling nothing.
+func TestIngressRefusesInvalidID(t *testing.T) {
+	s := natstest.RunServer(t)
+	_, rec := testNode(t, s, "a")
+	plain := natstest.Connect(t, s)
+	for _, id := range []string{"a b", "a\tb", "é-id", fmt.Sprintf("%0129d", 1)} {
+		m := nats.NewMsg(subjects.DefaultPrefix.Ingress("rec/x", ""))
+		m.Header.Set(hub.HeaderID, id)
+		r, err := plain.RequestMsg(m, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, verr := verdict.Decode(r.Header)
+		if !errors.Is(verr, verdict.ErrInvalidID) || r.Header.Get(verdict.HeaderReason) != "invalid-id" || verdict.Classify(verr) != verdict.Failed {
+			t.Errorf("ingress ID %q: %v (%v)", id, verr, r.Header)
+		}
+	}
+	if rec.total() != 0 {
+		t.Errorf("%d handled", rec.total())
+	}
+}
