@@ -199,6 +199,7 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	}
 	for _, d := range ds {
 		if d.expectResponse && d.responded.CompareAndSwap(false, true) {
+			h.dedupe.responded(d.rec, nil, rerr)
 			if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil); serr != nil {
 				h.log.Warn("response not sent", "id", d.ID, "err", serr)
 			}

@@ -115,9 +115,13 @@ func (d *dedupe) failed(r *record, err error) {
 }
 
 // responded records the response of request r, evicting the oldest kept
-// responses beyond the byte bound.
+// responses beyond the byte bound; a resendable failure forgets r instead.
 func (d *dedupe) responded(r *record, payload []byte, err error) {
 	if r == nil || !r.request {
+		return
+	}
+	if err != nil && verdict.IsResendable(err) {
+		d.forget(r) // e.g. its state could not be saved (fenced): a re-send runs again
 		return
 	}
 	d.mu.Lock()
