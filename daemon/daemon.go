@@ -573,9 +573,9 @@ func connect(cfg Config, url string) (*nats.Conn, error) {
 // handler serves /metrics, /healthz and /readyz.
 func handler(node *mesh.Node, nc *nats.Conn, ready *atomic.Bool, met *departureMetrics) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newCollector(node), met.events, met.latency)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newCollector(node, nc), met.events, met.latency)
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if nc.IsClosed() {
 			http.Error(w, "NATS connection closed", http.StatusServiceUnavailable)

@@ -2,9 +2,15 @@ package daemon
 
 import (
 	"slices"
+	"strconv"
+	"strings"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/natsmesh/natsmesh/internal/buildinfo"
+	"github.com/natsmesh/natsmesh/internal/histo"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 )
@@ -17,7 +23,7 @@ type departureMetrics struct {
 }
 
 func newDepartureMetrics() *departureMetrics {
-	return &departureMetrics{
+	d := &departureMetrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "natsmesh_membership_events_total",
 			Help: "Membership events seen by this node, by type (joined, left, expired, superseded, disconnected).",
@@ -28,6 +34,15 @@ func newDepartureMetrics() *departureMetrics {
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2, 3, 5, 10},
 		}, []string{"how"}),
 	}
+	// Every series exists from the start (at zero), so that rates and
+	// dashboards see a departure kind before its first occurrence.
+	for t := membership.Joined; t <= membership.Moved; t++ {
+		d.events.WithLabelValues(t.String())
+		if t.Departed() {
+			d.latency.WithLabelValues(t.String())
+		}
+	}
+	return d
 }
 
 func (d *departureMetrics) observe(e membership.Event) {
@@ -43,7 +58,13 @@ func (d *departureMetrics) observe(e membership.Event) {
 // collector reads a node's counters on each scrape: the delivery path pays
 // nothing for metrics.
 type collector struct {
-	node *mesh.Node
+	node  *mesh.Node
+	nc    *nats.Conn
+	build buildinfo.Info
+
+	latency, turns, refusals, lateAnswers, selfEvents *prometheus.Desc
+	buildInfo, nodeInfo, reconnects, natsConnected    *prometheus.Desc
+	natsServer                                        *prometheus.Desc
 
 	deliveries, retries, legs, peakLegs, lanes, destinations, deepest, episodes *prometheus.Desc
 	accepted, dedupe, refused, handled, late, activations, queued, deactivated  *prometheus.Desc
@@ -52,12 +73,24 @@ type collector struct {
 	sentAccepted, unmatched, lateReceived                                       *prometheus.Desc
 }
 
-func newCollector(n *mesh.Node) *collector {
+func newCollector(n *mesh.Node, nc *nats.Conn) *collector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("natsmesh_"+name, help, labels, nil)
 	}
 	return &collector{
 		node:           n,
+		nc:             nc,
+		build:          buildinfo.Read(),
+		latency:        d("delivery_duration_seconds", "Time from a Deliver, DeliverAsync or Request call to its final outcome, by that outcome (as natsmesh_deliveries_total; a request ends with its response).", "verdict"),
+		turns:          d("hub_turn_duration_seconds", "Duration of handler turns on this node's hubs (one delivery each)."),
+		refusals:       d("hub_refusals_total", "Deliveries refused before acceptance, by verdict reason.", "reason"),
+		lateAnswers:    d("hub_late_answers_total", "Late verdicts sent after acceptance, by verdict reason.", "reason"),
+		selfEvents:     d("node_events_total", "This node's own membership events: fenced (its generation declared gone), rejoined (under a fresh generation), superseded (a newer generation of its name took over).", "event"),
+		buildInfo:      d("build_info", "Constant 1, labelled with the build: natsmesh version and revision, Go, nats.go and nats-server versions.", "version", "revision", "goversion", "nats_go", "nats_server"),
+		nodeInfo:       d("node_info", "Constant 1, labelled with this node's identity: name, current generation, subject prefix and hosted kinds.", "name", "generation", "node", "prefix", "kinds"),
+		reconnects:     d("nats_reconnects_total", "Reconnections of this node's NATS connection."),
+		natsConnected:  d("nats_connected", "1 while this node's NATS connection is connected, else 0."),
+		natsServer:     d("nats_server_info", "Constant 1, labelled with the NATS server this node is connected to (absent while disconnected).", "url", "server_id", "server_name"),
 		deliveries:     d("deliveries_total", "Deliveries and requests sent by this node, each once by its final outcome: a request by its response (Accepted) or failure; verdict=Timeout for a timeout (the callee may hold it), apart from Failed.", "verdict"),
 		sentAccepted:   d("deliveries_accepted_total", "Deliveries and requests sent by this node that a hub accepted (acceptance, not the final outcome)."),
 		unmatched:      d("unmatched_answers_total", "Responses and late verdicts of requests that matched no pending call (it had ended already): counted and dropped."),
@@ -124,10 +157,51 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.ingress, s.Ingress)
 	counter(c.breaker, s.Host.BreakerRefusals)
 	counter(c.forged, s.Client.ForgedAnswers)
+	lat := c.node.Client.Latencies()
+	for _, k := range keys(lat) {
+		histogram(ch, c.latency, lat[k], k)
+	}
+	if h := c.node.Host(); h != nil {
+		histogram(ch, c.turns, h.TurnDurations())
+	}
+	for _, r := range keys(s.Host.RefusedByReason) {
+		counter(c.refusals, s.Host.RefusedByReason[r], r)
+	}
+	for _, r := range keys(s.Host.LateByReason) {
+		counter(c.lateAnswers, s.Host.LateByReason[r], r)
+	}
+	if m := s.Membership; m != nil {
+		counter(c.selfEvents, m.Fenced, "fenced")
+		counter(c.selfEvents, m.Rejoins, "rejoined")
+		counter(c.selfEvents, m.Superseded, "superseded")
+	}
+	ch <- prometheus.MustNewConstMetric(c.buildInfo, prometheus.GaugeValue, 1,
+		c.build.Version, c.build.Revision, c.build.GoVersion, nats.Version, server.VERSION)
+	id := c.node.ID()
+	ch <- prometheus.MustNewConstMetric(c.nodeInfo, prometheus.GaugeValue, 1,
+		id.Name, strconv.FormatUint(id.Generation, 10), id.String(), s.Prefix, strings.Join(s.Kinds, ","))
+	if nc := c.nc; nc != nil {
+		counter(c.reconnects, int64(nc.Stats().Reconnects))
+		connected := nc.IsConnected()
+		v := 0.0
+		if connected {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.natsConnected, prometheus.GaugeValue, v)
+		if connected {
+			ch <- prometheus.MustNewConstMetric(c.natsServer, prometheus.GaugeValue, 1,
+				nc.ConnectedUrlRedacted(), nc.ConnectedServerId(), nc.ConnectedServerName())
+		}
+	}
 	if m := s.Membership; m != nil {
 		counter(c.invalidEntries, m.Registry.InvalidEntries, "registry")
 		counter(c.invalidEntries, m.Directory.InvalidEntries, "directory")
 		counter(c.overwritten, m.Registry.Overwritten, "registry")
 		counter(c.overwritten, m.Directory.Overwritten, "directory")
 	}
+}
+
+// histogram sends a snapshot as a constant Prometheus histogram.
+func histogram(ch chan<- prometheus.Metric, d *prometheus.Desc, s histo.Snapshot, labels ...string) {
+	ch <- prometheus.MustNewConstHistogram(d, s.Count, s.Sum, s.Buckets, labels...)
 }

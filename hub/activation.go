@@ -132,6 +132,7 @@ func (a *activation) turns() {
 func (a *activation) handle(hub Hub, e *entry) {
 	h := a.host
 	d := &e.Delivery
+	start := time.Now()
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -141,6 +142,7 @@ func (a *activation) handle(hub Hub, e *entry) {
 		}()
 		return hub.Handle(h.ctx, d)
 	}()
+	h.turns.Observe(time.Since(start))
 	h.handled.Add(1)
 	if d.expectResponse && d.responded.CompareAndSwap(false, true) {
 		var rerr error

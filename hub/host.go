@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/natsmesh/natsmesh/internal/histo"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -172,6 +173,11 @@ type Stats struct {
 
 	// BreakerRefusals counts the storm breaker's refusals (included in Refused).
 	BreakerRefusals int64 `json:"breaker_refusals"`
+	// RefusedByReason splits Refused by verdict reason (its wire name,
+	// e.g. "not-owner"); LateByReason splits Late the same way. Reasons
+	// that never occurred are absent.
+	RefusedByReason map[string]int64 `json:"refused_by_reason,omitempty"`
+	LateByReason    map[string]int64 `json:"late_by_reason,omitempty"`
 }
 
 // Host receives deliveries for one node generation. It is safe for
@@ -206,6 +212,9 @@ type Host struct {
 	accepted, dedupeHits, refused, handled, late, deactivated atomic.Int64
 
 	breakerRefusals, parkRefused atomic.Int64
+
+	refusedBy, lateBy [256]atomic.Int64 // by verdict.Reason
+	turns             histo.H           // handler turn durations
 }
 
 // New validates cfg and returns a Host that is not yet subscribed. Errors
@@ -609,6 +618,7 @@ func (h *Host) reply(m *nats.Msg, err error) {
 
 func (h *Host) refuse(m *nats.Msg, err error) {
 	h.refused.Add(1)
+	h.refusedBy[verdict.ReasonOf(err)].Add(1)
 	h.reply(m, err)
 }
 
@@ -653,6 +663,7 @@ func (h *Host) fail(e *entry, err error) {
 		return // the intake will send err as the reply
 	}
 	h.late.Add(1)
+	h.lateBy[verdict.ReasonOf(err)].Add(1)
 	if e.answerTo == "" {
 		h.log.Warn("delivery failed after acceptance; sender gave no answer subject", "id", e.ID, "address", string(e.To), "err", err)
 		return
@@ -736,8 +747,26 @@ func (h *Host) Stats() Stats {
 		Handled: h.handled.Load(), Late: h.late.Load(), Deactivated: h.deactivated.Load(),
 		BreakerRefusals: h.breakerRefusals.Load(),
 		Claiming:        claiming, Parked: parked, ParkRefused: h.parkRefused.Load(),
+		RefusedByReason: byReason(&h.refusedBy), LateByReason: byReason(&h.lateBy),
 	}
 }
+
+func byReason(c *[256]atomic.Int64) map[string]int64 {
+	var out map[string]int64
+	for r := range c {
+		if n := c[r].Load(); n > 0 {
+			if out == nil {
+				out = map[string]int64{}
+			}
+			out[verdict.Reason(r).String()] = n
+		}
+	}
+	return out
+}
+
+// TurnDurations returns the histogram of handler turn durations (Handle's
+// call to its return) on this host.
+func (h *Host) TurnDurations() histo.Snapshot { return h.turns.Snapshot() }
 
 // janitor collects idle activations every quarter of the idle timeout.
 func (h *Host) janitor() {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/histo"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -91,6 +92,7 @@ type Client struct {
 
 	retries, accepted, failed atomic.Int64
 	byOutcome                 [numOutcomes]atomic.Int64 // deliveries ended, by final outcome
+	latency                   [numOutcomes]histo.H      // call to final outcome, by final outcome
 	lateVerdicts, unmatched   atomic.Int64
 }
 
@@ -172,11 +174,12 @@ func (c *Client) Deliver(ctx context.Context, d Delivery) (Receipt, error) {
 }
 
 func (c *Client) deliver(ctx context.Context, d *Delivery, f *flight) (Receipt, error) {
+	start := time.Now()
 	key, t, err := c.begin(d, f == nil)
 	if err != nil {
 		return Receipt{ID: d.ID}, err
 	}
-	return c.run(ctx, d, key, t, f)
+	return c.run(ctx, start, d, key, t, f)
 }
 
 // Result is the outcome of [Client.DeliverAsync].
@@ -192,13 +195,14 @@ type Result struct {
 // DeliverAsync calls. ctx bounds the whole delivery, as for Deliver.
 func (c *Client) DeliverAsync(ctx context.Context, d Delivery) <-chan Result {
 	out := make(chan Result, 1)
+	start := time.Now()
 	key, t, err := c.begin(&d, true)
 	if err != nil {
 		out <- Result{Receipt: Receipt{ID: d.ID}, Err: err}
 		return out
 	}
 	go func() {
-		r, err := c.run(ctx, &d, key, t, nil)
+		r, err := c.run(ctx, start, &d, key, t, nil)
 		out <- Result{Receipt: r, Err: err}
 	}()
 	return out
@@ -209,7 +213,7 @@ func (c *Client) DeliverAsync(ctx context.Context, d Delivery) <-chan Result {
 func (c *Client) begin(d *Delivery, validate bool) (LaneKey, *laneTicket, error) {
 	if validate {
 		if err := c.validate(d); err != nil {
-			c.count(err)
+			c.count(err, time.Time{})
 			return LaneKey{}, nil, err
 		}
 	}
@@ -217,7 +221,7 @@ func (c *Client) begin(d *Delivery, validate bool) (LaneKey, *laneTicket, error)
 	if c.closing.Load() {
 		c.calls.Done()
 		if validate {
-			c.count(verdict.ErrClosing)
+			c.count(verdict.ErrClosing, time.Time{})
 		}
 		return LaneKey{}, nil, verdict.ErrClosing
 	}
@@ -232,7 +236,9 @@ func (c *Client) begin(d *Delivery, validate bool) (LaneKey, *laneTicket, error)
 //
 // f is the Request's flight, or nil for a plain delivery; a Request counts
 // its own final outcome once its response came.
-func (c *Client) run(ctx context.Context, d *Delivery, key LaneKey, t *laneTicket, f *flight) (Receipt, error) {
+//
+// start is when the call began (the latency histogram's origin).
+func (c *Client) run(ctx context.Context, start time.Time, d *Delivery, key LaneKey, t *laneTicket, f *flight) (Receipt, error) {
 	defer c.calls.Done()
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -241,7 +247,7 @@ func (c *Client) run(ctx context.Context, d *Delivery, key LaneKey, t *laneTicke
 	if err := c.waitLane(ctx, deadline, key, t); err != nil {
 		err = fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
 		if f == nil {
-			c.count(err)
+			c.count(err, start)
 		}
 		return Receipt{ID: d.ID}, err
 	}
@@ -254,7 +260,7 @@ func (c *Client) run(ctx context.Context, d *Delivery, key LaneKey, t *laneTicke
 		c.accepted.Add(1)
 	}
 	if !f.request {
-		c.count(err)
+		c.count(err, start)
 	}
 	return r, err
 }
@@ -275,8 +281,9 @@ func outcomeName(o outcome) string {
 	return verdict.ErrorType(o).String()
 }
 
-// count records how a delivery ended (its final outcome).
-func (c *Client) count(err error) {
+// count records how a delivery ended (its final outcome) and, unless start
+// is zero (it failed validation), how long the call took.
+func (c *Client) count(err error, start time.Time) {
 	if err != nil {
 		c.failed.Add(1)
 	}
@@ -285,6 +292,20 @@ func (c *Client) count(err error) {
 		o = outcomeTimeout
 	}
 	c.byOutcome[o].Add(1)
+	if !start.IsZero() {
+		c.latency[o].Observe(time.Since(start))
+	}
+}
+
+// Latencies returns, by final outcome (the keys of ClientStats.ByVerdict),
+// the histogram of the time from a Deliver, DeliverAsync or Request call to
+// its final outcome; calls that failed validation are not included.
+func (c *Client) Latencies() map[string]histo.Snapshot {
+	out := make(map[string]histo.Snapshot, numOutcomes)
+	for o := range c.latency {
+		out[outcomeName(outcome(o))] = c.latency[o].Snapshot()
+	}
+	return out
 }
 
 func (c *Client) validate(d *Delivery) error {

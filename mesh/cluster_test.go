@@ -238,6 +238,9 @@ func TestFencingRejoin(t *testing.T) {
 	if b.Status().Membership.Rejoins != 1 {
 		t.Errorf("rejoins = %d", b.Status().Membership.Rejoins)
 	}
+	if st := b.Status().Membership; st.Fenced != 1 || st.Superseded != 0 {
+		t.Errorf("fenced = %d, superseded = %d; want 1, 0", st.Fenced, st.Superseded)
+	}
 }
 
 // TestClaimReverification: a claim deleted behind its owner's back is

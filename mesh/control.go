@@ -75,7 +75,12 @@ type MembershipStatus struct {
 	Members    []membership.Member `json:"members"`
 	Departures int64               `json:"departures"`
 	Rejoins    int64               `json:"rejoins"`
-	Claims     int                 `json:"claims"`
+	// Fenced counts the times a generation of this node was declared gone
+	// (it served nothing from then on, then rejoined or stood down);
+	// Superseded the times a newer generation of the name took over.
+	Fenced     int64 `json:"fenced"`
+	Superseded int64 `json:"superseded"`
+	Claims     int   `json:"claims"`
 	// Registry and Directory count entries this session refused or found
 	// overwritten by another writer (SECURITY.md); they restart at zero
 	// with each session.
@@ -126,6 +131,7 @@ func (n *Node) membershipStatus() *MembershipStatus {
 	}
 	return &MembershipStatus{
 		Members: inc.members.Members(), Departures: n.departures.Load(), Rejoins: n.rejoins.Load(), Claims: inc.dir.Owned(),
+		Fenced: n.fenced.Load(), Superseded: n.superseded.Load(),
 		Registry: inc.members.Stats(), Directory: inc.dir.Stats(),
 	}
 }

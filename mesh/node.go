@@ -136,6 +136,8 @@ type Node struct {
 
 	departures atomic.Int64 // departures of other generations observed
 	rejoins    atomic.Int64 // times this node was fenced and rejoined
+	fenced     atomic.Int64 // times a generation of this node was declared gone (fenced)
+	superseded atomic.Int64 // times a newer generation of the name superseded this node
 	ctx        context.Context
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup

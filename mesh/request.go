@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -42,13 +43,14 @@ type Response struct {
 // handling) fails the request with that verdict. A response that arrives
 // after Request returned is counted in ClientStats.Unmatched and dropped.
 func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
+	start := time.Now()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.requestTimeout)
 		defer cancel()
 	}
 	resp, err := c.request(ctx, &d)
-	c.count(err)
+	c.count(err, start)
 	return resp, err
 }
 

@@ -224,7 +224,9 @@ func (n *Node) fencing() {
 			return
 		case <-inc.members.Lost():
 		}
+		n.fenced.Add(1)
 		if inc.members.Superseded() {
+			n.superseded.Add(1)
 			n.log.Error("a newer generation of this node's name registered: this process stands down", "generation", inc.id.String())
 			inc.close()
 			if f := n.cfg.OnFatal; f != nil {
