@@ -31,7 +31,7 @@ func TestRunWithAuth(t *testing.T) {
 		done := make(chan error, 1)
 		go func() {
 			done <- Run(ctx, Config{
-				Name: "authed", Listen: "127.0.0.1:0", DataDir: dir, Auth: true,
+				Name: "authed", Listen: "127.0.0.1:0", DataDir: dir, Auth: true, HTTP: "127.0.0.1:0",
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 				Ready:  func(i Info) { infoCh <- i },
 			})
@@ -92,6 +92,21 @@ func TestRunWithAuth(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a registry write by the client profile was not refused")
 		}
+		// A reflected reply subject is refused, and the security counters
+		// are exported.
+		refl := &nats.Msg{Subject: subjects.DefaultPrefix.Ingress("echo/x", ""), Reply: "$KV.natsmesh_mesh_v1_nodes.authed", Header: nats.Header{}}
+		refl.Header.Set(hub.HeaderID, "auth-reflect")
+		if err := cl.PublishMsg(refl); err != nil {
+			t.Fatal(err)
+		}
+		natstest.Eventually(t, 10*time.Second, func() bool {
+			_, b := scrape(t, info.HTTPAddr, "")
+			body := string(b)
+			return strings.Contains(body, "natsmesh_ingress_refused_total 1") &&
+				strings.Contains(body, "natsmesh_forged_answers_total 0") &&
+				strings.Contains(body, `natsmesh_kv_invalid_entries_total{bucket="registry"} 0`) &&
+				strings.Contains(body, `natsmesh_kv_own_entry_overwritten_total{bucket="directory"} 0`)
+		}, "security metrics")
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatalf("drain: %v", err)

@@ -69,7 +69,7 @@ type collector struct {
 	deliveries, retries, legs, peakLegs, lanes, destinations, deepest, episodes *prometheus.Desc
 	accepted, dedupe, refused, handled, late, activations, queued, deactivated  *prometheus.Desc
 	ingress, breaker                                                            *prometheus.Desc
-	forged, invalidEntries, overwritten                                         *prometheus.Desc
+	forged, invalidEntries, overwritten, badReplies                             *prometheus.Desc
 	sentAccepted, unmatched, lateReceived                                       *prometheus.Desc
 }
 
@@ -114,6 +114,7 @@ func newCollector(n *mesh.Node, nc *nats.Conn) *collector {
 		breaker:        d("hub_breaker_refusals_total", "Deliveries refused Ignored by the storm breaker."),
 		invalidEntries: d("kv_invalid_entries_total", "Registry and directory entries ignored because they did not parse or held an invalid generation (this session).", "bucket"),
 		overwritten:    d("kv_own_entry_overwritten_total", "Times this node found its own registry entry or claims overwritten by another writer (this session; SECURITY.md).", "bucket"),
+		badReplies:     d("ingress_refused_total", "Ingress and control requests dropped unanswered for a reply subject under $ or the prefix (SECURITY.md)."),
 		forged:         d("forged_answers_total", "Late verdicts and responses dropped: not from the node generation that accepted the delivery (SECURITY.md)."),
 	}
 }
@@ -157,6 +158,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.ingress, s.Ingress)
 	counter(c.breaker, s.Host.BreakerRefusals)
 	counter(c.forged, s.Client.ForgedAnswers)
+	counter(c.badReplies, s.IngressRefused)
 	lat := c.node.Client.Latencies()
 	for _, k := range keys(lat) {
 		histogram(ch, c.latency, lat[k], k)
