@@ -39,8 +39,8 @@ const (
 
 const rootLong = `meshctl operates a natsmesh message mesh over NATS: it lists the nodes and
 their hubs and counters, sends deliveries and requests through the ingress,
-follows a hub's sync stream (subscribe), drains a node and benchmarks
-delivery throughput.
+follows a hub's sync stream (subscribe), reads a hub's stored state (state
+get), drains a node and benchmarks delivery throughput.
 
 Connecting: each setting is taken from its flag, else its environment
 variable (as the nats CLI names them), else the nats CLI context (--context
