@@ -238,7 +238,7 @@ func TestClusterDurableChaos(t *testing.T) {
 			}
 			_ = nd.Signal(syscall.SIGCONT)
 			faults["sigstop"]++
-			waitHosting(t, tc, "dctr", 3)
+			waitHostingOrDump(t, tc, nodes)
 			continue
 		case 3: // a NATS server dies and comes back
 			i := rng.IntN(3)
@@ -250,7 +250,7 @@ func TestClusterDurableChaos(t *testing.T) {
 			continue
 		}
 		nodes[name] = StartTestNode(t, "--name", name, "--nats-url", c.URL(), "--kv-replicas", "3")
-		waitHosting(t, tc, "dctr", 3)
+		waitHostingOrDump(t, tc, nodes)
 	}
 	close(stop)
 	wg.Wait()
@@ -313,6 +313,23 @@ func TestClusterDurableChaos(t *testing.T) {
 		faults, *chaosDuration, requests, totalAcked, totalUnknown, reasons, saves.writes, len(saves.stale), refused)
 	if totalAcked == 0 {
 		t.Fatal("no increment got through")
+	}
+}
+
+// waitHostingOrDump waits until tc sees every node hosting dctr, or fails
+// with the tail of each node's log.
+func waitHostingOrDump(t *testing.T, tc *mesh.Node, nodes map[string]*Meshd) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second) // a woken node closes its old session (bounded 10 s) and rejoins
+	for len(tc.Members().Hosting("dctr")) != len(nodes) {
+		if time.Now().After(deadline) {
+			for name, n := range nodes {
+				lines := strings.Split(strings.TrimSpace(n.Stderr()), "\n")
+				t.Logf("%s (alive %v), last log lines:\n%s", name, alive(tc, name), strings.Join(lines[max(0, len(lines)-15):], "\n"))
+			}
+			t.Fatalf("%d nodes hosting dctr after 60 s, want %d", len(tc.Members().Hosting("dctr")), len(nodes))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
