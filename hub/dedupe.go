@@ -129,6 +129,7 @@ func (d *dedupe) responded(r *record, payload []byte, err error) {
 	if d.recs[r.id] != r {
 		return // left the window meanwhile
 	}
+	d.dropResponseLocked(r) // recorded again: the send failed
 	if len(payload) > d.maxBytes {
 		r.state = recRespGone
 		return

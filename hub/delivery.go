@@ -95,10 +95,11 @@ func (d *Delivery) Respond(payload []byte) error {
 	if !d.responded.CompareAndSwap(false, true) {
 		return ErrAlreadyResponded
 	}
+	// Recorded before it is sent: a duplicate that follows the response
+	// must find it.
+	d.host.dedupe.responded(d.rec, payload, nil)
 	err := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, nil, payload)
-	if err == nil {
-		d.host.dedupe.responded(d.rec, payload, nil)
-	} else {
+	if err != nil {
 		// The requester must still get its one answer: a Failed
 		// handler-error naming why the response could not be sent (for
 		// instance a payload over max_payload).
