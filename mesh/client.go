@@ -566,6 +566,12 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 		accepted = f.request
 		if f.request {
 			f.phase = phaseAccepted
+			if f.ev == evMoved {
+				// The owner's connection moved with the leg in flight, yet
+				// its reply arrived: nothing was lost, and an awaited
+				// response is not failed by a move (FailInFlight).
+				f.ev, f.evErr, f.wake, f.woken = evNone, nil, make(chan struct{}), false
+			}
 			c.takeEarlyLocked(f, node)
 		} else {
 			f.phase = phaseDone
