@@ -7,6 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/natsmesh/natsmesh/internal/meshtrace"
+
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -133,6 +137,11 @@ func (a *activation) handle(hub Hub, e *entry) {
 	h := a.host
 	d := &e.Delivery
 	start := time.Now()
+	ctx := h.ctx
+	var span trace.Span // nil: tracing off
+	if h.tracer != nil {
+		ctx, span = h.startTurn(d)
+	}
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -140,9 +149,12 @@ func (a *activation) handle(hub Hub, e *entry) {
 				h.log.Error("hub handler panicked", "address", string(a.addr), "id", d.ID, "panic", r)
 			}
 		}()
-		return hub.Handle(h.ctx, d)
+		return hub.Handle(ctx, d)
 	}()
 	h.turns.Observe(time.Since(start))
+	if span != nil {
+		meshtrace.End(span, err)
+	}
 	h.handled.Add(1)
 	if d.expectResponse && d.responded.CompareAndSwap(false, true) {
 		var rerr error
@@ -152,7 +164,7 @@ func (a *activation) handle(hub Hub, e *entry) {
 			rerr = &verdict.Error{Reason: verdict.ReasonHandlerError, Message: err.Error()}
 		}
 		h.dedupe.responded(d.rec, nil, rerr)
-		if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil); serr != nil {
+		if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil, d.trace); serr != nil {
 			h.log.Warn("response not sent", "id", d.ID, "err", serr)
 		}
 		return
@@ -182,6 +194,12 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	if len(ds) == 0 {
 		return
 	}
+	start := time.Now()
+	ctx := h.ctx
+	var span trace.Span // nil: tracing off
+	if h.tracer != nil {
+		ctx, span = h.startBatchTurn(ds)
+	}
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -189,8 +207,12 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 				h.log.Error("hub batch handler panicked", "address", string(a.addr), "deliveries", len(ds), "panic", r)
 			}
 		}()
-		return b.HandleBatch(h.ctx, ds)
+		return b.HandleBatch(ctx, ds)
 	}()
+	h.turns.Observe(time.Since(start))
+	if span != nil {
+		meshtrace.End(span, err)
+	}
 	h.handled.Add(int64(len(ds)))
 	var rerr error
 	if sv := stateVerdict(err, h.nodeID); sv != nil {
@@ -202,7 +224,7 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	for _, d := range ds {
 		if d.expectResponse && d.responded.CompareAndSwap(false, true) {
 			h.dedupe.responded(d.rec, nil, rerr)
-			if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil); serr != nil {
+			if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil, d.trace); serr != nil {
 				h.log.Warn("response not sent", "id", d.ID, "err", serr)
 			}
 		}

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/natsmesh/natsmesh/internal/histo"
+	"github.com/natsmesh/natsmesh/internal/meshtrace"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -101,6 +103,9 @@ type Config struct {
 	// never will (an error: fail it late with that error). Without it a
 	// fenced turn fails its delivery at once.
 	AwaitServing func(ctx context.Context) error
+	// TracerProvider traces intakes and turns (OpenTelemetry; see
+	// docs/protocol.md §8c): nil, the default, turns tracing off at no cost.
+	TracerProvider trace.TracerProvider
 	// State keeps hubs' durable state (DESIGN §7a, [LoadState]); nil means
 	// this node keeps none and LoadState fails with ErrNoStateStore.
 	State StateStore
@@ -215,6 +220,9 @@ type Host struct {
 
 	refusedBy, lateBy [256]atomic.Int64 // by verdict.Reason
 	turns             histo.H           // handler turn durations
+
+	tracer  trace.Tracer // nil: tracing off
+	intakes sync.Map     // *nats.Msg → *intakeSpan, until the reply (tracing on)
 }
 
 // New validates cfg and returns a Host that is not yet subscribed. Errors
@@ -237,6 +245,7 @@ func New(cfg Config) (*Host, error) {
 		answerKey:   answerKey,
 		ansPrefix:   cfg.Prefix.Sub(AnswerToken + "."),
 		cfg:         cfg,
+		tracer:      meshtrace.Tracer(cfg.TracerProvider),
 		nodeID:      cfg.Node.String(),
 		log:         cfg.Logger.With("node", cfg.Node.String()),
 		dedupe:      newDedupe(cfg.DedupeWindow, max(cfg.DedupeResponseBytes, 0)),
@@ -313,10 +322,16 @@ func (h *Host) intake(m *nats.Msg) {
 		h.log.Debug("delivery with an unsafe reply subject dropped", "subject", m.Subject, "reply", m.Reply)
 		return
 	}
+	if h.tracer != nil {
+		h.startIntake(m)
+	}
 	e, err := h.parse(m)
 	if err != nil {
 		h.refuse(m, err)
 		return
+	}
+	if h.tracer != nil {
+		h.tagIntake(m, e)
 	}
 	if f := h.cfg.Fence; f != nil {
 		if err := f(); err != nil {
@@ -411,7 +426,7 @@ func (h *Host) duplicate(m *nats.Msg, e *entry, r *record) {
 		h.reply(m, verdict.New(verdict.ReasonResponseGone, "request %s was handled on %s; its response is no longer kept", e.ID, h.nodeID))
 	case state == recResponded:
 		h.reply(m, nil)
-		if serr := h.sendAnswer(e.answerTo, e.ID, AnswerResponse, err, payload); serr != nil {
+		if serr := h.sendAnswer(e.answerTo, e.ID, AnswerResponse, err, payload, e.trace); serr != nil {
 			h.log.Warn("response not re-sent", "id", e.ID, "err", serr)
 		}
 	default:
@@ -606,6 +621,9 @@ func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release fun
 
 // reply answers the delivery request with err's verdict (nil: Accepted).
 func (h *Host) reply(m *nats.Msg, err error) {
+	if h.tracer != nil {
+		h.endIntake(m, err)
+	}
 	r := &nats.Msg{Subject: m.Reply, Header: h.acceptedHdr}
 	if err != nil {
 		r.Header = nats.Header{}
@@ -623,7 +641,9 @@ func (h *Host) refuse(m *nats.Msg, err error) {
 }
 
 // sendAnswer publishes a late verdict or a response to an answer subject.
-func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte) error {
+//
+// sc is the span context the answer continues (invalid: none).
+func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte, sc trace.SpanContext) error {
 	if to == "" {
 		return nil
 	}
@@ -631,6 +651,7 @@ func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte) error 
 	msg.Header.Set(HeaderID, id)
 	msg.Header.Set(HeaderAnswer, kind)
 	msg.Header.Set(HeaderAnswerToken, AnswerTokenOf(h.answerKey, id))
+	injectTrace(msg.Header, sc)
 	verdict.Encode(msg.Header, err, h.nodeID)
 	return h.cfg.Conn.PublishMsg(msg)
 }
@@ -646,6 +667,7 @@ func (h *Host) sendLate(e *entry, err error) error {
 	if e.expectResponse {
 		msg.Header.Set(HeaderExpectResponse, "true")
 	}
+	injectTrace(msg.Header, e.trace)
 	verdict.Encode(msg.Header, err, h.nodeID)
 	return h.cfg.Conn.PublishMsg(msg)
 }

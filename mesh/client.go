@@ -12,9 +12,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/histo"
+	"github.com/natsmesh/natsmesh/internal/meshtrace"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -170,6 +172,9 @@ func (c *Client) Identity() subjects.NodeID { return c.cfg.Identity }
 // accepted) it returns verdict.ErrDeadlineUnsent: resendable, not a timeout.
 // If the owner departs before accepting it, it is re-resolved and re-sent.
 func (c *Client) Deliver(ctx context.Context, d Delivery) (Receipt, error) {
+	if c.opts.tracer != nil {
+		return c.deliverTraced(ctx, &d)
+	}
 	return c.deliver(ctx, &d, nil)
 }
 
@@ -196,13 +201,23 @@ type Result struct {
 func (c *Client) DeliverAsync(ctx context.Context, d Delivery) <-chan Result {
 	out := make(chan Result, 1)
 	start := time.Now()
+	var span trace.Span // nil: tracing off
+	if c.opts.tracer != nil {
+		ctx, span = c.startSend(ctx, &d, false)
+	}
 	key, t, err := c.begin(&d, true)
 	if err != nil {
+		if span != nil {
+			endSend(span, Receipt{ID: d.ID}, err)
+		}
 		out <- Result{Receipt: Receipt{ID: d.ID}, Err: err}
 		return out
 	}
 	go func() {
 		r, err := c.run(ctx, start, &d, key, t, nil)
+		if span != nil {
+			endSend(span, r, err)
+		}
 		out <- Result{Receipt: r, Err: err}
 	}()
 	return out
@@ -374,12 +389,17 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 		node, err = c.cfg.Resolver.Resolve(ctx, d.To)
 		if err == nil {
 			err = c.leg(ctx, deadline, d, f, node, attempt)
+			if c.opts.tracer != nil {
+				traceAttempt(ctx, attempt, node, err)
+			}
 			if err == nil {
 				return Receipt{ID: d.ID, Node: node, Attempts: attempt}, nil
 			}
 			if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, verdict.ErrNotOwner) || errors.Is(err, verdict.ErrDeparted) {
 				c.cfg.Resolver.Invalidate(d.To, node)
 			}
+		} else if c.opts.tracer != nil {
+			traceAttempt(ctx, attempt, node, err) // nothing sent: no placement, directory down
 		}
 		if node.IsZero() {
 			err = fmt.Errorf("mesh: deliver %s to %s (attempt %d): %w", d.ID, d.To, attempt, err)
@@ -514,6 +534,9 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	}
 	if f.request {
 		h[hub.HeaderExpectResponse] = []string{"true"}
+	}
+	if c.opts.tracer != nil {
+		meshtrace.Inject(ctx, h) // the delivery's span: the same across its attempts
 	}
 	c.address(f, node, phaseWaiting, true)
 	accepted := false

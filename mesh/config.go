@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -68,6 +69,7 @@ type options struct {
 	clock               Clock
 	logger              *slog.Logger
 	onLate              func(LateVerdict)
+	tracer              trace.Tracer // nil: tracing off
 }
 
 // Defaults for the options.

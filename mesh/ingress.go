@@ -5,8 +5,10 @@ import (
 	"errors"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/meshtrace"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -67,13 +69,25 @@ func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Strea
 		d.Idempotent = h.Get(hub.HeaderIdempotent) == "true"
 	}
 	ctx := context.Background()
-	if h != nil && h.Get(hub.HeaderExpectResponse) == "true" {
-		resp, err := n.Client.Request(ctx, d)
-		n.answerIngress(m, resp.ID, nodeOf(resp.Receipt), err, resp.Payload)
-		return
+	request := h != nil && h.Get(hub.HeaderExpectResponse) == "true"
+	var span trace.Span // nil: tracing off
+	if n.tracer != nil {
+		ctx, span = n.startIngress(m, &d, request)
 	}
-	r, err := n.Client.Deliver(ctx, d)
-	n.answerIngress(m, r.ID, nodeOf(r), err, nil)
+	var r Receipt
+	var err error
+	var payload []byte
+	if request {
+		var resp Response
+		resp, err = n.Client.Request(ctx, d)
+		r, payload = resp.Receipt, resp.Payload
+	} else {
+		r, err = n.Client.Deliver(ctx, d)
+	}
+	if span != nil {
+		endSend(span, r, err)
+	}
+	n.answerIngress(m, r.ID, nodeOf(r), err, payload)
 }
 
 // safeReply reports whether the node may answer on reply
@@ -114,4 +128,18 @@ func (n *Node) answerIngress(m *nats.Msg, id, node string, err error, payload []
 	if perr := n.conn.PublishMsg(r); perr != nil && !errors.Is(perr, nats.ErrConnectionClosed) {
 		n.log.Warn("ingress reply failed", "subject", m.Subject, "err", perr)
 	}
+}
+
+// startIngress opens the ingress node's span of an outside client's message
+// (SERVER: it answers the client), a child of the client's traceparent, if
+// any; the delivery it forwards is its child.
+func (n *Node) startIngress(m *nats.Msg, d *Delivery, request bool) (context.Context, trace.Span) {
+	ctx := meshtrace.Extract(context.Background(), m.Header)
+	op := "deliver"
+	if request {
+		op = "request"
+	}
+	attrs := meshtrace.Message(meshtrace.OpReceive, "ingress", string(d.To), d.ID, string(d.Stream))
+	attrs = append(attrs, meshtrace.KeyIngress.Bool(true), meshtrace.KeyNode.String(n.ID().String()))
+	return n.tracer.Start(ctx, "ingress "+op+" "+d.To.Kind(), trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
 }

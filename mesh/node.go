@@ -11,8 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/meshtrace"
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -24,6 +26,11 @@ type NodeConfig struct {
 	Conn *nats.Conn
 	// Name is the node name, [A-Za-z0-9_-]{1,64}. Required.
 	Name string
+	// TracerProvider traces the node's deliveries, ingress, intakes and
+	// turns (OpenTelemetry, docs/protocol.md §8c): it is given to the
+	// client (WithTracerProvider) and to the host (hub.Config) unless
+	// Host.TracerProvider is set. nil, the default, turns tracing off.
+	TracerProvider trace.TracerProvider
 	// Generation is this incarnation's generation without membership;
 	// zero means the start time in nanoseconds since the epoch. With
 	// membership the registry assigns it (strictly increasing per name).
@@ -127,6 +134,7 @@ type Node struct {
 	ingressSem   chan struct{}
 	ingressWG    sync.WaitGroup
 	ingressCount atomic.Int64
+	tracer       trace.Tracer // the ingress's; nil: tracing off
 	badReplies   atomic.Int64 // ingress and control requests refused for their reply subject
 	svcMu        sync.Mutex
 	svc          micro.Service // the current session's control service
@@ -171,7 +179,7 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{
-		cfg: cfg, conn: cfg.Conn, prefix: cfg.Prefix, opts: opts,
+		cfg: cfg, conn: cfg.Conn, prefix: cfg.Prefix, opts: opts, tracer: meshtrace.Tracer(cfg.TracerProvider),
 		log: cfg.Logger.With("node", cfg.Name), started: time.Now(),
 		ingressSem: make(chan struct{}, cfg.IngressConcurrency),
 		kinds:      map[string]hub.Factory{},
@@ -185,7 +193,7 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 		res = StaticResolver{Node: id}
 	}
 	c, err := NewClient(Config{Conn: cfg.Conn, Resolver: res, Identity: id, Prefix: cfg.Prefix},
-		append([]Option{WithLogger(cfg.Logger)}, opts...)...)
+		append([]Option{WithLogger(cfg.Logger), WithTracerProvider(cfg.TracerProvider)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -285,6 +293,9 @@ func (n *Node) kindNames() []string {
 func (n *Node) newHost(id subjects.NodeID, claims hub.Claims, fence func() error, await func(context.Context) error) (*hub.Host, error) {
 	hc := n.cfg.Host
 	hc.Conn, hc.Node, hc.Prefix, hc.Logger = n.conn, id, n.prefix, n.cfg.Logger
+	if hc.TracerProvider == nil {
+		hc.TracerProvider = n.cfg.TracerProvider
+	}
 	n.mu.RLock()
 	if hc.State == nil && n.state != nil {
 		hc.State = n.state

@@ -43,13 +43,20 @@ type Response struct {
 // handling) fails the request with that verdict. A response that arrives
 // after Request returned is counted in ClientStats.Unmatched and dropped.
 func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
+	if c.opts.tracer != nil {
+		return c.requestTraced(ctx, &d)
+	}
+	return c.requestCounted(ctx, &d)
+}
+
+func (c *Client) requestCounted(ctx context.Context, d *Delivery) (Response, error) {
 	start := time.Now()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.requestTimeout)
 		defer cancel()
 	}
-	resp, err := c.request(ctx, &d)
+	resp, err := c.request(ctx, d)
 	c.count(err, start)
 	return resp, err
 }
@@ -187,6 +194,9 @@ func (c *Client) dispatchAnswer(m *nats.Msg) {
 	}
 	if _, err := verdict.Decode(m.Header); err != nil {
 		c.lateVerdicts.Add(1)
+		if c.opts.tracer != nil {
+			c.traceLate(m, id, err)
+		}
 		if f := c.opts.onLate; f != nil {
 			f(LateVerdict{ID: id, Err: err})
 		} else {
