@@ -98,7 +98,8 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 // TestClusterKillOwnerFailsPromptly: SIGKILL the owner while 100 requests
-// await responses: every one fails with the departed verdict within the
+// await responses: every one fails with the outcome-unknown departed verdict
+// (accepted, so not resendable) within the
 // detection time (asserted ≤ 2× the TTL), none waits for its timeout, and
 // deliveries sent after the kill succeed on another node.
 func TestClusterKillOwnerFailsPromptly(t *testing.T) {
@@ -133,8 +134,8 @@ func TestClusterKillOwnerFailsPromptly(t *testing.T) {
 	var took []time.Duration
 	for range addrs {
 		r := <-results
-		if !errors.Is(r.err, verdict.ErrDeparted) || verdict.Classify(r.err) != verdict.ShuttingDown {
-			t.Fatalf("request after the owner's SIGKILL: %v; want the departed verdict", r.err)
+		if !errors.Is(r.err, verdict.ErrOutcomeUnknown) || !errors.Is(r.err, verdict.ErrDeparted) || verdict.IsResendable(r.err) || verdict.Classify(r.err) != verdict.Failed {
+			t.Fatalf("accepted request after the owner's SIGKILL: %v; want the outcome-unknown departed verdict", r.err)
 		}
 		took = append(took, r.at.Sub(killedAt))
 	}
@@ -649,8 +650,9 @@ func rootCause(err error) string {
 
 // TestClusterIngressFailsPromptly: a raw nats.go client (not the mesh
 // library) awaits responses through the ingress from an owner that is then
-// SIGKILLed: the ingress answers ShuttingDown at once instead of letting the
-// client wait out its timeout.
+// SIGKILLed: the ingress answers at once — Failed/outcome-unknown (they were
+// accepted), ShuttingDown/departed for those marked Mesh-Idempotent —
+// instead of letting the client wait out its timeout.
 func TestClusterIngressFailsPromptly(t *testing.T) {
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
@@ -680,6 +682,9 @@ func TestClusterIngressFailsPromptly(t *testing.T) {
 		m := nats.NewMsg(subjects.DefaultPrefix.Ingress(a, ""))
 		m.Header.Set("Mesh-Id", fmt.Sprintf("raw-%d", i))
 		m.Header.Set("Mesh-Expect-Response", "true")
+		if i%2 == 0 {
+			m.Header.Set("Mesh-Idempotent", "true")
+		}
 		go func() {
 			r, err := raw.RequestMsg(m, 30*time.Second)
 			out <- res{r, err, time.Now()}
@@ -701,8 +706,15 @@ func TestClusterIngressFailsPromptly(t *testing.T) {
 		if r.err != nil {
 			t.Fatalf("raw request: %v", r.err)
 		}
-		if v := r.msg.Header.Get("Mesh-Verdict"); v != "ShuttingDown" || r.msg.Header.Get("Mesh-Reason") != "departed" {
-			t.Fatalf("ingress answer: %s %s %q", v, r.msg.Header.Get("Mesh-Reason"), r.msg.Header.Get("Mesh-Message"))
+		v, reason := r.msg.Header.Get("Mesh-Verdict"), r.msg.Header.Get("Mesh-Reason")
+		var idem int
+		fmt.Sscanf(r.msg.Header.Get("Mesh-Id"), "raw-%d", &idem)
+		want, wantReason := "Failed", "outcome-unknown" // accepted, then the owner died: not resendable
+		if idem%2 == 0 {
+			want, wantReason = "ShuttingDown", "departed" // Mesh-Idempotent: resendable
+		}
+		if v != want || reason != wantReason {
+			t.Fatalf("ingress answer to %s: %s %s %q; want %s %s", r.msg.Header.Get("Mesh-Id"), v, reason, r.msg.Header.Get("Mesh-Message"), want, wantReason)
 		}
 		took = append(took, r.at.Sub(killed))
 	}

@@ -439,6 +439,12 @@ func (s *scenario) check(ex expect) {
 // lostResponse reports whether d is a Request that was accepted and whose
 // response never came (the caller's deadline passed while it was awaited).
 func lostResponse(d sent) bool {
+	if d.request && errors.Is(d.err, verdict.ErrOutcomeUnknown) {
+		// Accepted, then the sender's own link dropped (or the owner
+		// departed) before the response: reported at once, by design not
+		// re-sent (DESIGN §3).
+		return true
+	}
 	return d.request && errors.Is(d.err, context.DeadlineExceeded) && strings.Contains(d.err.Error(), "no response")
 }
 
