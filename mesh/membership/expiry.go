@@ -2,6 +2,7 @@ package membership
 
 import (
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 
@@ -135,4 +136,53 @@ func (m *Membership) onAdvisory(msg *nats.Msg) {
 	if m.depart(v.Node, Disconnected, a.Time, a.Reason) {
 		m.remove(v.Node)
 	}
+}
+
+// MovedToken is the subject token of connection-moved notices:
+// <prefix>.mv.<name>.<gen>, published by a node on each reconnect.
+const MovedToken = "mv"
+
+// movedNotice is the payload of a connection-moved notice.
+type movedNotice struct {
+	ServerID string `json:"server_id"`
+	ClientID uint64 `json:"client_id"`
+}
+
+// announceMoved tells the mesh at once, over core NATS, that this node's
+// connection moved (a reconnect): senders re-send what was in flight to it
+// without waiting for its next heartbeat, which a registry electing a
+// leader (its server was the one that died) may hold back for seconds.
+func (m *Membership) announceMoved() {
+	self := m.Self().Node
+	sid, cid := m.connIdentity()
+	b, _ := json.Marshal(movedNotice{ServerID: sid, ClientID: cid})
+	_ = m.cfg.Conn.Publish(m.cfg.Prefix.Sub(MovedToken+"."+self.String()), b)
+}
+
+// onMoved reports a live member's connection-moved notice as Moved and
+// records its new connection, so a late advisory about its old connection
+// does not depart it.
+func (m *Membership) onMoved(msg *nats.Msg) {
+	tail, ok := strings.CutPrefix(msg.Subject, m.cfg.Prefix.Sub(MovedToken+"."))
+	if !ok {
+		return
+	}
+	node, err := subjects.ParseNodeID(tail)
+	if err != nil || node == m.Self().Node {
+		return
+	}
+	var n movedNotice
+	if json.Unmarshal(msg.Data, &n) != nil || n.ServerID == "" {
+		return
+	}
+	m.mu.Lock()
+	v, ok := m.live[node.Name]
+	if !ok || v.Node != node {
+		m.mu.Unlock()
+		return
+	}
+	v.ServerID, v.ClientID = n.ServerID, n.ClientID
+	member := v.Member
+	m.mu.Unlock()
+	m.emit(Event{Type: Moved, Member: member, At: time.Now(), Reason: "reconnected"})
 }

@@ -11,8 +11,11 @@
 // the registry was taking writes (Expired). A node's NATS server restarting,
 // its lame duck mode, a reconnect to another server or a JetStream leader
 // election prove nothing: an advisory with reason "Server Shutdown", or a
-// heartbeat from a new connection, is reported as Moved (not a departure):
-// what was in flight to that node may be lost in transit and is re-sent.
+// heartbeat from a new connection, or the node's own notice on reconnect
+// (<prefix>.mv.<name>.<gen>, over core NATS, so it does not wait for a
+// registry that is electing a leader), is reported as Moved (not a
+// departure): what was in flight to that node may be lost in transit and is
+// re-sent.
 //
 // Silence is measured on a registry clock that runs only while the registry
 // takes writes (this node's heartbeats succeed or other nodes' heartbeats
@@ -298,6 +301,7 @@ type Membership struct {
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	advSub    *nats.Subscription
+	movedSub  *nats.Subscription
 	closeOnce sync.Once
 }
 
@@ -425,6 +429,12 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 		}
 		m.advSub = sub
 	}
+	mv, err := cfg.Conn.Subscribe(cfg.Prefix.Sub(MovedToken+".*.*"), m.onMoved)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("membership: moved-notice subscription: %w", err)
+	}
+	m.movedSub = mv
 	m.status = cfg.Conn.StatusChanged(nats.CONNECTED, nats.DISCONNECTED, nats.RECONNECTING)
 	m.wg.Add(4)
 	go m.watch()
@@ -1085,6 +1095,7 @@ func (m *Membership) linkEvents() {
 				return
 			}
 			if s == nats.CONNECTED {
+				m.announceMoved()
 				select {
 				case m.beatNow <- struct{}{}:
 				default:
@@ -1176,6 +1187,9 @@ func (m *Membership) Close() {
 		m.cancel()
 		if m.advSub != nil {
 			_ = m.advSub.Unsubscribe()
+		}
+		if m.movedSub != nil {
+			_ = m.movedSub.Unsubscribe()
 		}
 		if m.status != nil {
 			m.cfg.Conn.RemoveStatusListener(m.status)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -236,5 +238,36 @@ func TestRegistryClock(t *testing.T) {
 	c.mu.Unlock()
 	if c.tick(time.Second, time.Second) != time.Second {
 		t.Fatal("the clock ran without recent writes")
+	}
+}
+
+// TestMovedNoticeOnReconnect: a node whose connection moves tells the mesh
+// at once over core NATS (no registry write needed): the others report it
+// Moved — not departed — with its new connection.
+func TestMovedNoticeOnReconnect(t *testing.T) {
+	s := natstest.RunServer(t)
+	w := join(t, natstest.Connect(t, s), "w", Config{})
+	var rec recorder
+	w.OnEvent(rec.add)
+	anc := natstest.Connect(t, s, nats.ReconnectWait(10*time.Millisecond))
+	a := join(t, anc, "a", Config{Heartbeat: time.Second, TTL: 10 * time.Second})
+	natstest.Eventually(t, 5*time.Second, func() bool { return w.Alive(a.Self().Node) }, "a joined")
+	before, _ := anc.GetClientID()
+	if err := anc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { _, ok := rec.find(Moved, a.Self().Node); return ok }, "moved event")
+	after, _ := anc.GetClientID()
+	if after == before {
+		t.Fatal("the connection did not move")
+	}
+	if !w.Alive(a.Self().Node) {
+		t.Fatal("a moved connection departed the member")
+	}
+	w.mu.RLock()
+	cid := w.live["a"].ClientID
+	w.mu.RUnlock()
+	if cid != after {
+		t.Errorf("the view records client %d, want the new connection's %d", cid, after)
 	}
 }
