@@ -407,6 +407,15 @@ func (n *Node) drain(ctx context.Context) error {
 	if inc != nil && inc.members != nil {
 		inc.stopEv()
 		inc.dir.Close()
+		// Every answer of what this node accepted was published while
+		// it settled; let them reach their senders before the departure
+		// does (a sender fails awaited answers at once when the owner
+		// leaves, and the two travel different paths).
+		_ = n.conn.FlushTimeout(answersGrace)
+		select {
+		case <-ctx.Done():
+		case <-time.After(answersGrace):
+		}
 		lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 		if lerr := inc.members.Leave(lctx); lerr != nil {
 			n.log.Warn("leave membership", "err", lerr)
@@ -420,6 +429,10 @@ func (n *Node) drain(ctx context.Context) error {
 
 // leaveTimeout bounds deleting the registry entry at the end of a drain.
 const leaveTimeout = 2 * time.Second
+
+// answersGrace is how long a drain waits between its last answers and its
+// leave (within the drain's deadline).
+const answersGrace = 200 * time.Millisecond
 
 // Close stops the node at once: queued deliveries fail late with
 // ShuttingDown; the registration is left to expire. Safe to call more than
