@@ -98,7 +98,13 @@ type Config struct {
 	// addresses are pipelined up to it). Zero means
 	// DefaultClaimConcurrency.
 	ClaimConcurrency int
-	// AwaitServing, if set, is called by a turn when Fence refuses: it
+	// TurnFence, if set, is asked before each turn instead of Fence: a
+	// node may accept (park) deliveries while it may not yet run turns —
+	// its registration unconfirmed after a reconnect — so its senders do
+	// not back off through a registry's leader election. A non-nil error
+	// makes the turn wait (AwaitServing).
+	TurnFence func() error
+	// AwaitServing, if set, is called by a turn when its fence refuses: it
 	// blocks until the node may serve again (nil: handle the delivery) or
 	// never will (an error: fail it late with that error). Without it a
 	// fenced turn fails its delivery at once.
@@ -700,6 +706,9 @@ func (h *Host) fail(e *entry, err error) {
 // fence only pauses (AwaitServing), it blocks.
 func (h *Host) serving() error {
 	f := h.cfg.Fence
+	if h.cfg.TurnFence != nil {
+		f = h.cfg.TurnFence
+	}
 	if f == nil {
 		return nil
 	}

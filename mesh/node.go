@@ -200,7 +200,7 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	n.Client = c
 	if cfg.Membership == nil {
 		// One node: the generation is fixed now.
-		h, err := n.newHost(id, nil, nil, nil)
+		h, err := n.newHost(id, nil, nil, nil, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -290,7 +290,7 @@ func (n *Node) kindNames() []string {
 }
 
 // newHost builds a host for generation id with the registered kinds.
-func (n *Node) newHost(id subjects.NodeID, claims hub.Claims, fence func() error, await func(context.Context) error) (*hub.Host, error) {
+func (n *Node) newHost(id subjects.NodeID, claims hub.Claims, fence, turnFence func() error, await func(context.Context) error) (*hub.Host, error) {
 	hc := n.cfg.Host
 	hc.Conn, hc.Node, hc.Prefix, hc.Logger = n.conn, id, n.prefix, n.cfg.Logger
 	if hc.TracerProvider == nil {
@@ -305,7 +305,7 @@ func (n *Node) newHost(id subjects.NodeID, claims hub.Claims, fence func() error
 		hc.Claims = claims
 	}
 	if fence != nil {
-		hc.Fence, hc.AwaitServing = fence, await
+		hc.Fence, hc.TurnFence, hc.AwaitServing = fence, turnFence, await
 	}
 	h, err := hub.New(hc)
 	if err != nil {

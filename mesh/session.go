@@ -69,7 +69,19 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 		defer mmu.Unlock()
 		return members
 	}
+	// Intake: refuse before the generation is announced and once it is
+	// lost; meanwhile accept, even unconfirmed after a reconnect (the
+	// deliveries park until turns may start, instead of their senders
+	// backing off through a registry's leader election).
 	fence := func() error {
+		if m := current(); m == nil || m.IsLost() {
+			return verdict.New(verdict.ReasonHubShuttingDown, "node %s is fenced: its registration is lost or not yet announced", n.cfg.Name)
+		}
+		return nil
+	}
+	// Turns: only while the link is up and the registration confirmed on
+	// it (self-fencing).
+	turnFence := func() error {
 		if m := current(); m == nil || !m.Confirmed() {
 			return verdict.New(verdict.ReasonHubShuttingDown, "node %s is fenced: its registration is not confirmed", n.cfg.Name)
 		}
@@ -94,7 +106,7 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 		Subscriber: mc.Subscriber,
 		Logger:     n.cfg.Logger,
 		BeforeAnnounce: func(id subjects.NodeID) (func(), error) {
-			h, err := n.newHost(id, claims, fence, await)
+			h, err := n.newHost(id, claims, fence, turnFence, await)
 			if err != nil {
 				return nil, err
 			}

@@ -665,9 +665,16 @@ func Retry(ctx context.Context, op func() error) error {
 }
 
 func transient(err error) bool {
+	var apiErr *jetstream.APIError
 	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoStreamResponse)
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		// "no suitable peers for placement": right after a cluster forms
+		// (or a server restarts) its peers may still be reported offline.
+		errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeNoPeers
 }
+
+// errCodeNoPeers is JetStream's "no suitable peers for placement".
+const errCodeNoPeers jetstream.ErrorCode = 10005
 
 // connIdentity returns the server ID and client ID of the connection now.
 func (m *Membership) connIdentity() (string, uint64) {
@@ -691,6 +698,16 @@ func (m *Membership) TTL() time.Duration { return m.cfg.TTL }
 // may rejoin with a new generation; after a supersession (Superseded) another
 // live incarnation holds the name and this one must not rejoin.
 func (m *Membership) Lost() <-chan struct{} { return m.lost }
+
+// IsLost reports whether the registration was lost (Lost is closed).
+func (m *Membership) IsLost() bool {
+	select {
+	case <-m.lost:
+		return true
+	default:
+		return false
+	}
+}
 
 // Superseded reports whether the registration was lost to a newer
 // generation of the same name.
