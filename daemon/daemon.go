@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/hubs"
@@ -140,6 +141,16 @@ type Config struct {
 	// DrainTimeout bounds the drain on shutdown; zero means
 	// DefaultDrainTimeout.
 	DrainTimeout time.Duration
+	// TracerProvider traces the node's deliveries, ingress, intakes and
+	// turns (OpenTelemetry; docs/protocol.md §8c): an embedder's own
+	// provider, which it also shuts down. nil with TracingFromEnv builds
+	// one from the OTEL_* environment ([TracerProviderFromEnv]); nil
+	// without it, the default, means no tracing.
+	TracerProvider trace.TracerProvider
+	// TracingFromEnv (meshd) configures tracing from the standard OTEL_*
+	// environment when TracerProvider is nil; Run flushes and shuts that
+	// provider down on exit.
+	TracingFromEnv bool
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Ready, if set, is called once the node serves.
@@ -287,6 +298,24 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log := cfg.Logger
 	info := Info{Kinds: kinds}
+	tp := cfg.TracerProvider
+	if tp == nil && cfg.TracingFromEnv {
+		sdk, err := TracerProviderFromEnv(ctx, cfg.Name)
+		if err != nil {
+			return err
+		}
+		if sdk != nil {
+			tp = sdk
+			log.Info("tracing on: exporting spans as the OTEL_* environment says", "exporter", os.Getenv("OTEL_TRACES_EXPORTER"), "protocol", os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL"))
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := sdk.Shutdown(sctx); err != nil {
+					log.Warn("tracing: spans not flushed", "err", err)
+				}
+			}()
+		}
+	}
 
 	var ns *server.Server
 	url := cfg.NATSURL
@@ -329,7 +358,7 @@ func Run(ctx context.Context, cfg Config) error {
 	met := newDepartureMetrics()
 	var fatal atomic.Pointer[error]
 	ncfg := mesh.NodeConfig{
-		Conn: nc, Name: cfg.Name, Prefix: cfg.Prefix, Logger: log,
+		Conn: nc, Name: cfg.Name, Prefix: cfg.Prefix, Logger: log, TracerProvider: tp,
 		OnDrainRequest: func() {
 			log.Info("drain requested over the control subject")
 			stop()

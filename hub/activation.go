@@ -164,7 +164,7 @@ func (a *activation) handle(hub Hub, e *entry) {
 			rerr = &verdict.Error{Reason: verdict.ReasonHandlerError, Message: err.Error()}
 		}
 		h.dedupe.responded(d.rec, nil, rerr)
-		if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil, d.trace); serr != nil {
+		if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil, d.tr); serr != nil {
 			h.log.Warn("response not sent", "id", d.ID, "err", serr)
 		}
 		return
@@ -224,7 +224,7 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	for _, d := range ds {
 		if d.expectResponse && d.responded.CompareAndSwap(false, true) {
 			h.dedupe.responded(d.rec, nil, rerr)
-			if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil, d.trace); serr != nil {
+			if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil, d.tr); serr != nil {
 				h.log.Warn("response not sent", "id", d.ID, "err", serr)
 			}
 		}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync/atomic"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -79,10 +77,7 @@ type Delivery struct {
 	rec            *record // its outcome in the dedupe window
 	host           *Host
 	responded      atomic.Bool
-	// trace is the span context this delivery's answers continue (its
-	// intake span, then its turn's); remote is the sender's delivery span.
-	// Both are invalid when tracing is off.
-	trace, remote trace.SpanContext
+	tr             *traceContexts // nil: tracing off
 }
 
 // ExpectsResponse reports whether the sender awaits a response (a request).
@@ -104,14 +99,14 @@ func (d *Delivery) Respond(payload []byte) error {
 	// Recorded before it is sent: a duplicate that follows the response
 	// must find it.
 	d.host.dedupe.responded(d.rec, payload, nil)
-	err := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, nil, payload, d.trace)
+	err := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, nil, payload, d.tr)
 	if err != nil {
 		// The requester must still get its one answer: a Failed
 		// handler-error naming why the response could not be sent (for
 		// instance a payload over max_payload).
 		ferr := &verdict.Error{Reason: verdict.ReasonHandlerError, Message: fmt.Sprintf("response of %d bytes not sent: %v", len(payload), err)}
 		d.host.dedupe.responded(d.rec, nil, ferr)
-		if serr := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, ferr, nil, d.trace); serr != nil {
+		if serr := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, ferr, nil, d.tr); serr != nil {
 			d.host.log.Warn("response not sent", "id", d.ID, "err", err, "then", serr)
 		}
 	}

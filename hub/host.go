@@ -432,7 +432,7 @@ func (h *Host) duplicate(m *nats.Msg, e *entry, r *record) {
 		h.reply(m, verdict.New(verdict.ReasonResponseGone, "request %s was handled on %s; its response is no longer kept", e.ID, h.nodeID))
 	case state == recResponded:
 		h.reply(m, nil)
-		if serr := h.sendAnswer(e.answerTo, e.ID, AnswerResponse, err, payload, e.trace); serr != nil {
+		if serr := h.sendAnswer(e.answerTo, e.ID, AnswerResponse, err, payload, e.tr); serr != nil {
 			h.log.Warn("response not re-sent", "id", e.ID, "err", serr)
 		}
 	default:
@@ -648,8 +648,8 @@ func (h *Host) refuse(m *nats.Msg, err error) {
 
 // sendAnswer publishes a late verdict or a response to an answer subject.
 //
-// sc is the span context the answer continues (invalid: none).
-func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte, sc trace.SpanContext) error {
+// tr holds the span context the answer continues (nil: tracing off).
+func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte, tr *traceContexts) error {
 	if to == "" {
 		return nil
 	}
@@ -657,7 +657,7 @@ func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte, sc tra
 	msg.Header.Set(HeaderID, id)
 	msg.Header.Set(HeaderAnswer, kind)
 	msg.Header.Set(HeaderAnswerToken, AnswerTokenOf(h.answerKey, id))
-	injectTrace(msg.Header, sc)
+	injectTrace(msg.Header, tr)
 	verdict.Encode(msg.Header, err, h.nodeID)
 	return h.cfg.Conn.PublishMsg(msg)
 }
@@ -673,7 +673,7 @@ func (h *Host) sendLate(e *entry, err error) error {
 	if e.expectResponse {
 		msg.Header.Set(HeaderExpectResponse, "true")
 	}
-	injectTrace(msg.Header, e.trace)
+	injectTrace(msg.Header, e.tr)
 	verdict.Encode(msg.Header, err, h.nodeID)
 	return h.cfg.Conn.PublishMsg(msg)
 }

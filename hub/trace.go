@@ -11,6 +11,13 @@ import (
 	"github.com/natsmesh/natsmesh/internal/meshtrace"
 )
 
+// traceContexts are a traced delivery's span contexts: answer, the one its
+// answers continue (its intake span, then its turn's); remote, the sender's
+// delivery span (invalid if the sender sent no traceparent).
+type traceContexts struct {
+	answer, remote trace.SpanContext
+}
+
 // intakeSpan is a delivery's intake span until its synchronous reply.
 type intakeSpan struct {
 	span   trace.Span
@@ -39,7 +46,7 @@ func (h *Host) tagIntake(m *nats.Msg, e *entry) {
 	is.span.SetName("receive " + e.To.Kind())
 	is.span.SetAttributes(meshtrace.Message(meshtrace.OpReceive, "receive", string(e.To), e.ID, string(e.Stream))...)
 	is.span.SetAttributes(meshtrace.KeyAttempt.Int(e.Attempt))
-	e.trace, e.remote = is.span.SpanContext(), is.remote
+	e.tr = &traceContexts{answer: is.span.SpanContext(), remote: is.remote}
 }
 
 // endIntake ends m's intake span with the verdict of its reply.
@@ -61,15 +68,18 @@ func (h *Host) startTurn(d *Delivery) (context.Context, trace.Span) {
 	opts := []trace.SpanStartOption{trace.WithSpanKind(kind),
 		trace.WithAttributes(meshtrace.Message(meshtrace.OpProcess, "process", string(d.To), d.ID, string(d.Stream))...),
 		trace.WithAttributes(meshtrace.KeyNode.String(h.nodeID), meshtrace.KeyAttempt.Int(d.Attempt))}
-	if d.remote.IsValid() {
-		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: d.remote}))
-	}
 	ctx := h.ctx
-	if d.trace.IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, d.trace)
+	if d.tr == nil {
+		d.tr = &traceContexts{} // its intake ran before tracing was known
+	}
+	if d.tr.remote.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: d.tr.remote}))
+	}
+	if d.tr.answer.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, d.tr.answer)
 	}
 	ctx, span := h.tracer.Start(ctx, "process "+d.To.Kind(), opts...)
-	d.trace = span.SpanContext()
+	d.tr.answer = span.SpanContext()
 	return ctx, span
 }
 
@@ -78,23 +88,23 @@ func (h *Host) startTurn(d *Delivery) (context.Context, trace.Span) {
 func (h *Host) startBatchTurn(ds []*Delivery) (context.Context, trace.Span) {
 	links := make([]trace.Link, 0, len(ds))
 	for _, d := range ds {
-		if d.trace.IsValid() {
-			links = append(links, trace.Link{SpanContext: d.trace})
+		if d.tr != nil && d.tr.answer.IsValid() {
+			links = append(links, trace.Link{SpanContext: d.tr.answer})
 		}
 	}
 	ctx, span := h.tracer.Start(h.ctx, "process batch "+ds[0].To.Kind(), trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
 		trace.WithAttributes(attribute.String("messaging.system", "nats"), meshtrace.OpProcess, attribute.String("messaging.destination.name", string(ds[0].To)),
 			attribute.Int("messaging.batch.message_count", len(ds)), meshtrace.KeyNode.String(h.nodeID)))
 	for _, d := range ds {
-		d.trace = span.SpanContext()
+		d.tr = &traceContexts{answer: span.SpanContext()}
 	}
 	return ctx, span
 }
 
-// injectTrace puts sc into an answer's headers (no-op for an invalid sc:
-// tracing off, or a sender without trace context).
-func injectTrace(hdr nats.Header, sc trace.SpanContext) {
-	if sc.IsValid() {
-		meshtrace.Inject(trace.ContextWithSpanContext(context.Background(), sc), hdr)
+// injectTrace puts tr's answer span context into an answer's headers
+// (nothing when tracing is off).
+func injectTrace(hdr nats.Header, tr *traceContexts) {
+	if tr != nil && tr.answer.IsValid() {
+		meshtrace.Inject(trace.ContextWithSpanContext(context.Background(), tr.answer), hdr)
 	}
 }

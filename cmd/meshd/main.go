@@ -89,6 +89,12 @@ Every flag can also be set by the environment variable in its help text
 command line wins. A value the flag would reject is an error naming the
 variable: durations need a unit (10s, not 10), booleans are true or false.
 
+Tracing (OpenTelemetry) is off unless the standard OTEL_* environment asks
+for it: OTEL_TRACES_EXPORTER=otlp (or console), or an OTLP endpoint
+(OTEL_EXPORTER_OTLP_ENDPOINT); OTEL_EXPORTER_OTLP_PROTOCOL is grpc or
+http/protobuf; OTEL_SERVICE_NAME (default meshd), OTEL_TRACES_SAMPLER and
+OTEL_BSP_* apply. An invalid value is a configuration error.
+
 Exit codes: 0 after a clean drain; 1 bad usage or configuration (unknown
 flag, invalid name, address or duration, invalid environment value, unknown
 hub kind); 2 the node could not start (port in use, NATS unreachable, no
@@ -165,7 +171,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 		}
 	}
 	cfg := daemon.Config{
-		Name: o.name, Prefix: subjects.Prefix(o.prefix), Hubs: kinds,
+		Name: o.name, Prefix: subjects.Prefix(o.prefix), Hubs: kinds, TracingFromEnv: true,
 		NATSURL: o.natsURL, Listen: o.listen, DataDir: o.dataDir,
 		Auth: o.auth, AuthDir: o.authDir, InsecureListen: o.insecureListen,
 		CredsFile: o.creds, NKeyFile: o.nkey, User: o.user, Password: o.password,

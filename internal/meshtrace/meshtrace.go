@@ -39,9 +39,39 @@ func Tracer(tp trace.TracerProvider) trace.Tracer {
 // propagator is W3C Trace Context: the traceparent and tracestate headers.
 var propagator = propagation.TraceContext{}
 
-// Inject writes ctx's span context into h as traceparent (and tracestate),
-// replacing any there.
-func Inject(ctx context.Context, h nats.Header) { propagator.Inject(ctx, carrier(h)) }
+// Header names of W3C Trace Context, as written.
+const (
+	HeaderTraceparent = "traceparent"
+	HeaderTracestate  = "tracestate"
+)
+
+// Inject writes ctx's span context into h as traceparent (and tracestate).
+// h does not escape (a delivery's header map stays where the caller put
+// it, on the stack for the sender's legs).
+func Inject(ctx context.Context, h nats.Header) {
+	var p pair
+	propagator.Inject(ctx, &p)
+	if p.parent != "" {
+		h[HeaderTraceparent] = []string{p.parent}
+	}
+	if p.state != "" {
+		h[HeaderTracestate] = []string{p.state}
+	}
+}
+
+// pair receives what the propagator writes.
+type pair struct{ parent, state string }
+
+func (p *pair) Get(string) string { return "" }
+func (p *pair) Keys() []string    { return nil }
+func (p *pair) Set(key, value string) {
+	switch key {
+	case HeaderTraceparent:
+		p.parent = value
+	case HeaderTracestate:
+		p.state = value
+	}
+}
 
 // Extract returns ctx with the remote span context of h's traceparent and
 // tracestate, if valid.
@@ -52,9 +82,9 @@ func Extract(ctx context.Context, h nats.Header) context.Context {
 	return propagator.Extract(ctx, carrier(h))
 }
 
-// carrier adapts nats.Header (case-sensitive keys) to the propagator: it
-// writes the lower-case names W3C gives and reads any case, so an outside
-// client's "Traceparent" continues too.
+// carrier adapts nats.Header (case-sensitive keys) to the propagator's
+// Extract: it reads any case, so an outside client's "Traceparent"
+// continues too.
 type carrier nats.Header
 
 func (c carrier) Get(key string) string {
@@ -69,14 +99,7 @@ func (c carrier) Get(key string) string {
 	return ""
 }
 
-func (c carrier) Set(key, value string) {
-	for k := range c {
-		if k != key && strings.EqualFold(k, key) {
-			delete(c, k)
-		}
-	}
-	c[key] = []string{value}
-}
+func (c carrier) Set(key, value string) { c[key] = []string{value} }
 
 func (c carrier) Keys() []string {
 	out := make([]string, 0, len(c))

@@ -1,0 +1,64 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"go.opentelemetry.io/contrib/exporters/autoexport"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+
+	"github.com/natsmesh/natsmesh/internal/buildinfo"
+)
+
+// TracingEnabledByEnv reports whether the standard OpenTelemetry
+// environment asks for traces: OTEL_TRACES_EXPORTER set to anything but
+// "none", or an OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT,
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) given; and OTEL_SDK_DISABLED not
+// "true". Without any of them tracing is off.
+func TracingEnabledByEnv() bool {
+	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
+		return false
+	}
+	switch e := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")); e {
+	case "none":
+		return false
+	case "":
+		return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+	}
+	return true
+}
+
+// TracerProviderFromEnv builds an OpenTelemetry SDK tracer provider from
+// the standard OTEL_* environment (go.opentelemetry.io/contrib/exporters/
+// autoexport): OTEL_TRACES_EXPORTER (otlp, console, none),
+// OTEL_EXPORTER_OTLP_PROTOCOL or OTEL_EXPORTER_OTLP_TRACES_PROTOCOL (grpc,
+// http/protobuf), the OTLP endpoint, headers and timeout variables,
+// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, the sampler
+// (OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG) and the batch processor's
+// OTEL_BSP_* settings. The service name defaults to "meshd" and the
+// service instance to the node name. It returns nil, nil when
+// [TracingEnabledByEnv] is false, and an error for an invalid value. The
+// caller shuts the provider down (flushing its spans).
+func TracerProviderFromEnv(ctx context.Context, node string) (*sdktrace.TracerProvider, error) {
+	if !TracingEnabledByEnv() {
+		return nil, nil
+	}
+	exp, err := autoexport.NewSpanExporter(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: OpenTelemetry environment: %w", ErrInvalidConfig, err)
+	}
+	res, err := resource.New(ctx,
+		resource.WithAttributes(semconv.ServiceName("meshd"), semconv.ServiceInstanceID(node), semconv.ServiceVersion(buildinfo.Read().Version)),
+		resource.WithTelemetrySDK(),
+		resource.WithFromEnv(), // OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES win
+	)
+	if err != nil {
+		_ = exp.Shutdown(ctx)
+		return nil, fmt.Errorf("%w: OpenTelemetry resource: %w", ErrInvalidConfig, err)
+	}
+	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+}
