@@ -81,7 +81,7 @@ func names(spans []sdktrace.ReadOnlySpan) []string {
 func attrs(kvs []attribute.KeyValue) map[string]string {
 	m := map[string]string{}
 	for _, kv := range kvs {
-		m[string(kv.Key)] = kv.Value.Emit()
+		m[string(kv.Key)] = kv.Value.String()
 	}
 	return m
 }
