@@ -47,6 +47,8 @@ type activation struct {
 	done       bool // deactivate ran
 
 	stateHandle *State // durable state, once LoadState took it over (state.go)
+
+	lanes map[laneID]*laneState // windowed lanes' positions (lanes.go)
 }
 
 // enqueue puts e in the inbox, or refuses it (full inbox, activation gone).
@@ -59,6 +61,9 @@ func (a *activation) enqueue(e *entry) error {
 	case stateClosed:
 		return errActivationGone
 	}
+	if err := a.laneCheckLocked(e); err != nil {
+		return err
+	}
 	if len(a.queue)-a.head >= a.host.cfg.InboxSize {
 		return verdict.New(verdict.ReasonInboxFull, "inbox of %s is full (%d deliveries)", a.addr, a.host.cfg.InboxSize)
 	}
@@ -68,6 +73,7 @@ func (a *activation) enqueue(e *entry) error {
 	}
 	a.queue = append(a.queue, e)
 	a.lastActive = time.Now()
+	a.laneAdvanceLocked(e, a.lastActive)
 	a.startTurnLocked()
 	return nil
 }

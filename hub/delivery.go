@@ -122,4 +122,9 @@ type entry struct {
 	// or by a failure that happened before it (then err is the reply).
 	replied atomic.Bool
 	err     error
+
+	// epoch and seq are the delivery's place in a windowed lane
+	// (HeaderLane); seq 0 means none.
+	epoch string
+	seq   uint64
 }

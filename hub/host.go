@@ -487,6 +487,11 @@ func (h *Host) parse(m *nats.Msg) (*entry, error) {
 		}
 		e.Attempt = n
 	}
+	if v := hdr.Get(HeaderLane); v != "" {
+		if e.epoch, e.seq, err = ParseLane(v); err != nil {
+			return nil, err
+		}
+	}
 	e.answerTo = hdr.Get(HeaderAnswerTo)
 	if e.answerTo != "" && !h.answerSubject(e.answerTo) {
 		// DESIGN §5: never publish a response or late verdict outside the

@@ -1,6 +1,11 @@
 package hub
 
-import "github.com/natsmesh/natsmesh/verdict"
+import (
+	"strconv"
+	"strings"
+
+	"github.com/natsmesh/natsmesh/verdict"
+)
 
 // Request and answer headers of the delivery protocol (docs/protocol.md). The
 // verdict of a delivery travels in the headers of package verdict
@@ -30,6 +35,14 @@ const (
 	// lost after acceptance the ingress answers the resendable fact
 	// instead of outcome-unknown. Hubs ignore it.
 	HeaderIdempotent = "Mesh-Idempotent"
+	// HeaderLane places a delivery in a windowed lane (DESIGN §4,
+	// docs/protocol.md): "<epoch>/<seq>", epoch 1-[MaxEpochLen] bytes of
+	// [0-9A-Za-z_-] naming one unbroken run of the sender's lane, seq its
+	// 1-based position in that run. The intake accepts a lane's legs only in
+	// sequence and refuses any other verdict.ErrOutOfOrder. Optional: a
+	// delivery without it (one leg at a time, like `nats req`) is not
+	// sequence-checked.
+	HeaderLane = "Mesh-Lane"
 	// HeaderAnswer marks a message sent to an answer subject: "verdict" (a
 	// late verdict that replaces the earlier Accepted) or "response" (the
 	// handler's response). It carries HeaderID and the verdict headers.
@@ -46,6 +59,8 @@ const (
 const (
 	MaxIDLen   = 128
 	MaxTypeLen = 256
+	// MaxEpochLen bounds the epoch of a HeaderLane value.
+	MaxEpochLen = 64
 )
 
 // AnswerToken is the subject token under the prefix where mesh senders
@@ -66,4 +81,24 @@ func ValidateID(id string) error {
 		}
 	}
 	return nil
+}
+
+// ParseLane reads a HeaderLane value "<epoch>/<seq>". The error matches
+// verdict.ErrBadRequest.
+func ParseLane(v string) (epoch string, seq uint64, err error) {
+	i := strings.LastIndexByte(v, '/')
+	if i <= 0 || i > MaxEpochLen {
+		return "", 0, verdict.New(verdict.ReasonBadRequest, "header %s: %q is not <epoch>/<seq> with a 1-%d byte epoch", HeaderLane, v, MaxEpochLen)
+	}
+	epoch = v[:i]
+	for j := 0; j < len(epoch); j++ {
+		if c := epoch[j]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '-') {
+			return "", 0, verdict.New(verdict.ReasonBadRequest, "header %s: epoch byte %d is %#02x, not [0-9A-Za-z_-]", HeaderLane, j, c)
+		}
+	}
+	seq, perr := strconv.ParseUint(v[i+1:], 10, 63)
+	if perr != nil || seq == 0 {
+		return "", 0, verdict.New(verdict.ReasonBadRequest, "header %s: sequence %q is not a positive integer", HeaderLane, v[i+1:])
+	}
+	return epoch, seq, nil
 }

@@ -69,8 +69,11 @@ type Client struct {
 	peakInFlight atomic.Int64
 	sat          saturation
 
-	lanesMu sync.Mutex
-	lanes   map[LaneKey]*lane
+	lanesMu     sync.Mutex
+	lanes       map[LaneKey]*lane
+	epochPrefix string        // random, names this client's lane epochs
+	epochs      atomic.Uint64 // lane epochs started
+	replies     legReplies    // replies to legs (replies.go)
 
 	pendingMu sync.Mutex
 	pending   map[string]*flight // Requests awaiting their responses, by delivery ID
@@ -123,9 +126,14 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 		stop:    make(chan struct{}),
 	}
 	c.stopCtx, c.stopCancel = context.WithCancel(context.Background())
+	c.epochPrefix = nuidShort() + "-"
+	if err := c.replies.start(cfg.Conn); err != nil {
+		return nil, fmt.Errorf("mesh: subscribe leg replies: %w", err)
+	}
 	c.answerTo = cfg.Prefix.Sub(hub.AnswerToken + "." + cfg.Identity.Name + "." + strconv.FormatUint(cfg.Identity.Generation, 10))
 	sub, err := cfg.Conn.Subscribe(c.answerTo, c.dispatchAnswer)
 	if err != nil {
+		c.replies.stop()
 		return nil, fmt.Errorf("mesh: subscribe answers: %w", err)
 	}
 	_ = sub.SetPendingLimits(-1, -1)
@@ -155,8 +163,9 @@ func (c *Client) watchLink() {
 func (c *Client) Identity() subjects.NodeID { return c.cfg.Identity }
 
 // Deliver sends d to its address and returns once a hub accepted it — not
-// after the handler ran. It blocks while earlier deliveries of the same lane
-// (d.To, d.Stream) are in flight, while the legs-in-flight cap is reached, and
+// after the handler ran. It blocks while the window of its lane (d.To,
+// d.Stream) is full or an earlier delivery of the lane is retrying (it keeps
+// its place), while the legs-in-flight cap is reached, and
 // during retry back-off; ctx bounds all of it (a ctx without deadline gets the
 // request timeout). Safe for concurrent use; calls on one lane are sent in
 // call order.
@@ -259,18 +268,11 @@ func (c *Client) run(ctx context.Context, start time.Time, d *Delivery, key Lane
 	if !ok {
 		deadline = time.Now().Add(c.opts.requestTimeout)
 	}
-	if err := c.waitLane(ctx, deadline, key, t); err != nil {
-		err = fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
-		if f == nil {
-			c.count(err, start)
-		}
-		return Receipt{ID: d.ID}, err
-	}
-	defer c.releaseLane(key, t)
 	if f == nil {
 		f = &flight{id: d.ID, idempotent: d.Idempotent}
 	}
-	r, err := c.attempts(ctx, deadline, d, f)
+	r, err := c.attempts(ctx, deadline, d, f, t)
+	c.finishLane(t, err == nil)
 	if err == nil {
 		c.accepted.Add(1)
 	}
@@ -363,16 +365,19 @@ func payloadTooLarge(n int, max int64) error {
 	return verdict.New(verdict.ReasonPayloadTooLarge, "payload of %d bytes plus headers is over the server's max_payload of %d bytes", n, max)
 }
 
-// attempts runs the retry ladder while holding the lane.
-func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, f *flight) (Receipt, error) {
+// attempts runs the retry ladder in the delivery's lane: each attempt waits
+// for its turn in the lane (lane.go), and an attempt refused out of order is
+// sent again at once in the lane's new epoch without counting as a retry.
+func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, f *flight, t *laneTicket) (Receipt, error) {
 	p := c.opts.retry
 	b := p.backoff()
 	var unplaced time.Time // since when no live node hosts the kind
 	placing := false
 	var last error
 	var node subjects.NodeID
+	sent := false // a leg of this delivery left: waiting again is not "waiting for its lane" only
 	for attempt := 1; ; attempt++ {
-		if attempt > 1 {
+		if attempt > 1 || sent {
 			if n, ok := c.answered(f); ok {
 				// Its response came although a leg's reply was lost: it
 				// was accepted.
@@ -385,21 +390,50 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 				return Receipt{ID: d.ID, Node: node, Attempts: attempt - 1}, unsent(d, attempt, last)
 			}
 		}
+		if err := c.awaitTurn(ctx, deadline, t); err != nil {
+			if !sent {
+				return Receipt{ID: d.ID}, fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
+			}
+			switch {
+			case errors.Is(err, verdict.ErrClosing):
+				return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(verdict.ErrClosing, last)
+			case errors.Is(err, context.Canceled):
+				return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(err, last)
+			}
+			return Receipt{ID: d.ID, Attempts: attempt - 1}, unsent(d, attempt, last)
+		}
 		var err error
 		node, err = c.cfg.Resolver.Resolve(ctx, d.To)
 		if err == nil {
-			err = c.leg(ctx, deadline, d, f, node, attempt)
+			var published bool
+			published, err = c.leg(ctx, deadline, d, f, node, attempt, t)
+			sent = sent || published
 			if c.opts.tracer != nil {
 				traceAttempt(ctx, attempt, node, err)
 			}
 			if err == nil {
 				return Receipt{ID: d.ID, Node: node, Attempts: attempt}, nil
 			}
+			c.legEnded(t)
+			if err == errRewound {
+				attempt-- // nothing was sent: wait for its turn again
+				continue
+			}
+			if errors.Is(err, verdict.ErrOutOfOrder) {
+				// Not accepted because a leg ahead of it was not: sent
+				// again at once in the lane's new epoch, same attempt.
+				last = err
+				attempt--
+				continue
+			}
 			if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, verdict.ErrNotOwner) || errors.Is(err, verdict.ErrDeparted) {
 				c.cfg.Resolver.Invalidate(d.To, node)
 			}
-		} else if c.opts.tracer != nil {
-			traceAttempt(ctx, attempt, node, err) // nothing sent: no placement, directory down
+		} else {
+			if c.opts.tracer != nil {
+				traceAttempt(ctx, attempt, node, err) // nothing sent: no placement, directory down
+			}
+			c.legEnded(t)
 		}
 		if node.IsZero() {
 			err = fmt.Errorf("mesh: deliver %s to %s (attempt %d): %w", d.ID, d.To, attempt, err)
@@ -511,10 +545,12 @@ func (c *Client) answered(f *flight) (subjects.NodeID, bool) {
 	return n, true
 }
 
-// leg sends one attempt and decodes the verdict of its reply. On Accepted a
-// Request's flight stays indexed under node, in phaseAccepted; otherwise the
-// flight leaves the index.
-func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *flight, node subjects.NodeID, attempt int) error {
+// leg sends one attempt and decodes the verdict of its reply; published
+// says whether the leg left. It is called holding t's lane cursor and
+// passes it on as soon as the leg is published (lane.go). On Accepted a
+// Request's flight stays indexed under node, in phaseAccepted; otherwise
+// the flight leaves the index.
+func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *flight, node subjects.NodeID, attempt int, t *laneTicket) (published bool, _ error) {
 	msg := &nats.Msg{
 		Subject: c.cfg.Prefix.Delivery(node, d.To, d.Stream),
 		Data:    d.Payload,
@@ -550,7 +586,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	case c.sem <- struct{}{}:
 	default:
 		if err := c.waitSlot(ctx, deadline, f); err != nil {
-			return err
+			return false, err
 		}
 	}
 	legEnd := time.Now().Add(c.opts.legTimeout)
@@ -561,7 +597,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	if err := f.causeLocked(); err != nil {
 		f.mu.Unlock()
 		<-c.sem
-		return err
+		return false, err
 	}
 	legCtx, cancel := context.WithDeadline(ctx, legEnd)
 	defer cancel()
@@ -572,7 +608,25 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	for peak := c.peakInFlight.Load(); n > peak && !c.peakInFlight.CompareAndSwap(peak, n); peak = c.peakInFlight.Load() {
 	}
 	c.observeInFlight(n)
-	reply, err := c.cfg.Conn.RequestMsgWithContext(legCtx, msg)
+	w := c.replies.register()
+	msg.Reply = w.subject
+	err := c.publishInLane(t, func(lane string) error {
+		h[hub.HeaderLane] = []string{lane}
+		return c.cfg.Conn.PublishMsg(msg)
+	})
+	var reply *nats.Msg
+	if err == nil {
+		published = true
+		select {
+		case reply = <-w.ch:
+			if reply.Header.Get("Status") == "503" && len(reply.Data) == 0 {
+				reply, err = nil, nats.ErrNoResponders
+			}
+		case <-legCtx.Done():
+			err = legCtx.Err()
+		}
+	}
+	c.replies.forget(w)
 	c.observeInFlight(c.inFlight.Add(-1))
 	<-c.sem
 
@@ -583,7 +637,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 		// The reply is the fact, whatever else happened meanwhile.
 		if _, verr := verdict.Decode(reply.Header); verr != nil {
 			f.phase = phaseWaiting // refused: the callee holds nothing
-			return verr
+			return true, verr
 		}
 		c.keys.learn(node, reply)
 		accepted = f.request
@@ -599,24 +653,24 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 		} else {
 			f.phase = phaseDone
 		}
-		return nil
+		return true, nil
 	}
 	if f.request && c.takeEarlyLocked(f, node) {
 		// Its genuine answer came although the reply was lost (node's
 		// answer key was known from an earlier acceptance): accepted.
 		accepted = true
 		f.phase = phaseAccepted
-		return nil
+		return published, nil
 	}
 	if cause := f.causeLocked(); cause != nil {
 		f.phase = phaseWaiting
-		return cause // the owner departed, the link dropped, the client closed
+		return published, cause // the owner departed, the link dropped, the client closed
 	}
 	f.phase = phaseWaiting
 	if errors.Is(err, nats.ErrMaxPayload) {
-		return payloadTooLarge(len(d.Payload), c.cfg.Conn.MaxPayload())
+		return false, payloadTooLarge(len(d.Payload), c.cfg.Conn.MaxPayload())
 	}
-	return err // a timeout (the callee may hold it), the caller's cancellation, no responders
+	return published, err // a timeout (the callee may hold it), the caller's cancellation, no responders
 }
 
 // waitSlot waits for an in-flight slot. The verdict of a wait that ends
@@ -661,6 +715,7 @@ func (c *Client) Close() {
 		c.interruptAll(evClosing)
 		c.calls.Wait()
 		_ = c.answersSub.Unsubscribe()
+		c.replies.stop()
 		c.cfg.Conn.RemoveStatusListener(c.status)
 		<-c.statusDone
 		close(c.closed)

@@ -61,6 +61,7 @@ type Option func(*options) error
 
 type options struct {
 	maxInFlight         int
+	window              int
 	saturationThreshold int
 	legTimeout          time.Duration
 	requestTimeout      time.Duration
@@ -89,6 +90,7 @@ const (
 func defaultOptions() options {
 	return options{
 		maxInFlight:         DefaultMaxInFlight,
+		window:              DefaultWindow,
 		saturationThreshold: DefaultSaturationThreshold,
 		legTimeout:          DefaultLegTimeout,
 		requestTimeout:      DefaultRequestTimeout,
@@ -108,6 +110,19 @@ func WithMaxInFlight(n int) Option {
 			return fmt.Errorf("%w: max in flight %d < 1", ErrInvalidConfig, n)
 		}
 		o.maxInFlight = n
+		return nil
+	}
+}
+
+// WithWindow sets how many legs of one lane may be in flight at once
+// (default [DefaultWindow], 32); 1 is stop-and-wait. Order within a lane is
+// kept either way (DESIGN §4). Errors match [ErrInvalidConfig] for n < 1.
+func WithWindow(n int) Option {
+	return func(o *options) error {
+		if n < 1 {
+			return fmt.Errorf("%w: window %d < 1", ErrInvalidConfig, n)
+		}
+		o.window = n
 		return nil
 	}
 }

@@ -25,9 +25,12 @@
 // delivery — it is in that activation's inbox, not yet handled — with a
 // [Receipt] naming the accepting node generation. [Client.Request] also
 // waits for the handler's response. Deliveries with the same (To, Stream)
-// form a lane: they are sent and handled in call order; different lanes run
-// concurrently. Deliver blocks while the lane's earlier deliveries, the cap
-// on legs in flight (default 256) or a retry back-off hold it; ctx bounds
+// form a lane: they are sent and handled in call order, up to a window of
+// 32 legs in flight per lane ([WithWindow]; the intake checks each lane's
+// sequence, docs/protocol.md §3.4); different lanes run concurrently.
+// Deliver blocks while the lane's window is full or an earlier delivery of
+// it is retrying, while the cap on legs in flight (default 256) is reached,
+// or during a retry back-off; ctx bounds
 // all of it, and a ctx without deadline gets the request timeout (30 s).
 // Clients and Nodes are safe for concurrent use.
 //

@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 
@@ -24,109 +25,262 @@ func laneKeyOf(d *Delivery) LaneKey {
 	return LaneKey{Addr: d.To, Stream: subjects.StreamIdentity(d.Stream)}
 }
 
-// lane is a sender-side FIFO: q[0] holds the lane (its leg may be in flight
-// or backing off); the rest wait in call order. A lane exists only while it
-// holds work.
+// DefaultWindow is how many legs of one lane may be in flight at once
+// (DESIGN §4); 1 is stop-and-wait.
+const DefaultWindow = 32
+
+// Windowed lanes, the sending side (DESIGN §4, docs/protocol.md).
+//
+// A lane is a FIFO of tickets in call order, one per delivery. Its legs are
+// published in that order, each carrying the lane's current epoch and the
+// next sequence number of that epoch (hub.HeaderLane); the intake accepts a
+// lane's legs only in sequence. The ticket allowed to send next — the
+// cursor — is the first one that is neither settled nor already sent in
+// the current epoch; it may send only if it is ready (not backing off, no
+// leg of an older epoch still in flight) and within the window (fewer than
+// W tickets from the first unsettled one). While it prepares and publishes
+// its leg it holds the cursor, so legs leave in lane order.
+//
+// A leg of the current epoch that is not accepted — refused (out of order
+// or otherwise), timed out, lost with the link, not published — breaks the
+// epoch: the lane starts a new one, and every ticket not yet accepted is
+// re-sent in it, in order, under its own delivery ID. Because the cursor
+// waits for tickets ahead of it that still have a leg of an older epoch in
+// flight, a new epoch's first leg leaves only once everything ahead of it
+// is settled (accepted, failed, or sent in the new epoch). A timed-out
+// ticket fails alone (never re-sent); a ticket whose failure is retried
+// keeps its place, so the tickets behind it wait (other lanes do not); an
+// out-of-order refusal is re-sent at once, not counted as a retry.
+//
+// A lane exists only while it holds work: it is removed with its last
+// ticket, so an idle lane costs nothing.
 type lane struct {
-	q    []*laneTicket // q[head] holds the lane; q[head+1:] wait in order
-	head int
+	key LaneKey
+
+	mu    sync.Mutex
+	q     []*laneTicket // q[head:] in call order: every ticket not popped yet
+	head  int           // q[head] is the first unsettled ticket
+	epoch string
+	seq   uint64 // the last sequence number used in epoch
 }
 
-func (l *lane) depth() int { return len(l.q) - l.head }
+type ticketState uint8
+
+const (
+	ticketPending ticketState = iota // must send a leg in the current epoch when it reaches the cursor
+	ticketHeld                       // holds the cursor: preparing and publishing its leg
+	ticketSent                       // a leg of epoch ticket.epoch left; its reply is awaited, or it was accepted
+	ticketParked                     // not ready (a leg ended unaccepted, backing off): holds its place
+	ticketDone                       // settled: accepted, or failed for good
+)
 
 type laneTicket struct {
-	ready chan struct{} // closed when the ticket reaches the head; nil for a ticket created at the head
+	l     *lane
+	state ticketState
+	epoch string        // the epoch of its last published leg
+	wake  chan struct{} // buffer 1: poked when it may have become the cursor
+}
+
+// depth is the number of deliveries in the lane (in flight + waiting).
+func (l *lane) depth() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.q) - l.head
+}
+
+// cursorLocked returns the index of the ticket that sends next, or -1.
+// Called with l.mu held.
+func (l *lane) cursorLocked() int {
+	for i := l.head; i < len(l.q); i++ {
+		t := l.q[i]
+		if t.state == ticketDone || t.state == ticketSent && t.epoch == l.epoch {
+			continue
+		}
+		return i
+	}
+	return -1
+}
+
+// mayHoldLocked reports whether t may take the cursor now. Called with l.mu
+// held.
+func (l *lane) mayHoldLocked(t *laneTicket, window int) bool {
+	if t.state != ticketPending {
+		return false
+	}
+	i := l.cursorLocked()
+	return i >= 0 && l.q[i] == t && i-l.head < window
+}
+
+// A ticket holding the cursor may find, when it publishes, that the cursor
+// went back to a ticket ahead of it (whose leg of the old epoch ended
+// unaccepted meanwhile): then both held it for a moment, and publishInLane
+// lets only the cursor's ticket publish.
+
+// pokeLocked wakes the cursor's ticket if it may send. Called with l.mu
+// held.
+func (l *lane) pokeLocked(window int) {
+	if i := l.cursorLocked(); i >= 0 && i-l.head < window && l.q[i].state == ticketPending {
+		select {
+		case l.q[i].wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // enqueueLane joins lane key without blocking; call order on a lane is the
-// order of enqueueLane calls. The ticket must be awaited with waitLane and
-// given back with releaseLane (or abandoned by waitLane on error).
+// order of enqueueLane calls. The ticket must be settled with finishLane.
 func (c *Client) enqueueLane(key LaneKey) *laneTicket {
 	c.lanesMu.Lock()
 	defer c.lanesMu.Unlock()
 	l := c.lanes[key]
 	if l == nil {
-		l = lanePool.Get().(*lane)
+		l = &lane{key: key, epoch: c.newEpoch()}
 		c.lanes[key] = l
 	}
-	t := ticketPool.Get().(*laneTicket)
-	if l.depth() > 0 {
-		t.ready = make(chan struct{})
-	}
+	t := &laneTicket{l: l, wake: make(chan struct{}, 1)}
+	l.mu.Lock()
 	l.q = append(l.q, t)
+	l.mu.Unlock()
 	return t
 }
 
-// waitLane blocks until t holds its lane, or ctx ends or the client closes;
-// on error (context.Canceled, verdict.ErrDeadlineUnsent, verdict.ErrClosing)
-// the ticket has left the lane.
-func (c *Client) waitLane(ctx context.Context, deadline time.Time, key LaneKey, t *laneTicket) error {
-	if t.ready == nil {
+// newEpoch names a fresh lane epoch: the client's random prefix and a
+// counter, unique per client (and, by the prefix, across clients).
+func (c *Client) newEpoch() string {
+	return c.epochPrefix + strconv.FormatUint(c.epochs.Add(1), 36)
+}
+
+// awaitTurn blocks until t holds its lane's cursor (it may publish its leg),
+// or ctx ends or the client closes: context.Canceled, verdict.ErrDeadlineUnsent
+// or verdict.ErrClosing, with t still in the lane (parked).
+func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicket) error {
+	l := t.l
+	w := c.opts.window
+	l.mu.Lock()
+	if t.state == ticketParked {
+		t.state = ticketPending
+	}
+	if l.mayHoldLocked(t, w) {
+		t.state = ticketHeld
+		l.mu.Unlock()
 		return nil
 	}
+	l.mu.Unlock()
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	var err error
-	select {
-	case <-t.ready:
-		return nil
-	case <-ctx.Done():
-		// Nothing was sent: the caller's cancellation is its choice
-		// (Failed); a deadline is not a timeout (no callee holds it).
-		err = ctx.Err()
-		if !errors.Is(err, context.Canceled) {
-			err = &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}
+	for {
+		var err error
+		select {
+		case <-t.wake:
+			l.mu.Lock()
+			if l.mayHoldLocked(t, w) {
+				t.state = ticketHeld
+				l.mu.Unlock()
+				return nil
+			}
+			l.mu.Unlock()
+			continue
+		case <-ctx.Done():
+			// Nothing of this attempt was sent: the caller's cancellation
+			// is its choice (Failed); a deadline is not a timeout.
+			err = ctx.Err()
+			if !errors.Is(err, context.Canceled) {
+				err = &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}
+			}
+		case <-c.stop:
+			err = verdict.ErrClosing
 		}
-	case <-c.stop:
-		err = verdict.ErrClosing
-	}
-	c.lanesMu.Lock()
-	select {
-	case <-t.ready: // granted meanwhile: pass it on
-		c.lanesMu.Unlock()
-		c.releaseLane(key, t)
+		l.mu.Lock()
+		t.state = ticketParked
+		l.pokeLocked(w)
+		l.mu.Unlock()
 		return err
-	default:
 	}
-	l := c.lanes[key]
-	for i := l.head + 1; i < len(l.q); i++ {
-		if l.q[i] == t {
-			l.q = append(l.q[:i], l.q[i+1:]...)
-			break
-		}
+}
+
+// errRewound: the lane's cursor went back to a ticket ahead of the one
+// about to publish (an epoch broke meanwhile); nothing was sent, and the
+// ticket waits for its turn again.
+var errRewound = errors.New("mesh: lane rewound before the leg was sent")
+
+// publishInLane stamps t's leg with the lane's epoch and next sequence
+// number and publishes it with pub, holding the cursor (t must hold it), so
+// legs leave in lane order. On success t is sent in that epoch and the
+// cursor passes on; on failure (nothing left) the epoch is broken. If the
+// cursor went back to a ticket ahead of t while t prepared its leg, nothing
+// is sent and errRewound is returned (t waits for its turn again).
+func (c *Client) publishInLane(t *laneTicket, pub func(lane string) error) error {
+	l := t.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t.state != ticketHeld {
+		panic("mesh: leg published by a ticket that does not hold its lane")
 	}
-	c.lanesMu.Unlock()
+	if i := l.cursorLocked(); i < 0 || l.q[i] != t {
+		t.state = ticketPending
+		l.pokeLocked(c.opts.window)
+		return errRewound
+	}
+	l.seq++
+	epoch := l.epoch
+	err := pub(epoch + "/" + strconv.FormatUint(l.seq, 10))
+	if err != nil {
+		l.epoch, l.seq = c.newEpoch(), 0
+		t.state = ticketParked
+	} else {
+		t.state, t.epoch = ticketSent, epoch
+	}
+	l.pokeLocked(c.opts.window)
 	return err
 }
 
-// releaseLane gives the head ticket back and hands the lane to the next
-// waiter, or removes the lane when it is empty.
-func (c *Client) releaseLane(key LaneKey, t *laneTicket) {
-	c.lanesMu.Lock()
-	defer c.lanesMu.Unlock()
-	l := c.lanes[key]
-	if l == nil || l.depth() == 0 || l.q[l.head] != t {
-		panic("mesh: lane released by a ticket that does not hold it")
+// legEnded records that t's attempt ended without acceptance (accepted
+// legs settle with finishLane): a leg of the current epoch breaks it, and t
+// is parked until it is re-sent (awaitTurn) or settled.
+func (c *Client) legEnded(t *laneTicket) {
+	l := t.l
+	l.mu.Lock()
+	if t.state == ticketSent && t.epoch == l.epoch {
+		l.epoch, l.seq = c.newEpoch(), 0
 	}
-	l.q[l.head] = nil
-	l.head++
-	t.ready = nil
-	ticketPool.Put(t)
-	if l.depth() == 0 {
-		delete(c.lanes, key)
-		l.q, l.head = l.q[:0], 0
-		if cap(l.q) > 64 {
-			l.q = nil // a burst's queue is not kept in the pool
-		}
-		lanePool.Put(l)
-		return
-	}
-	close(l.q[l.head].ready)
+	t.state = ticketParked
+	l.pokeLocked(c.opts.window)
+	l.mu.Unlock()
 }
 
-// Lanes and tickets are recycled: a lane exists only while it holds work, so
-// most deliveries create and drop one.
-var (
-	lanePool   = sync.Pool{New: func() any { return &lane{q: make([]*laneTicket, 0, 4)} }}
-	ticketPool = sync.Pool{New: func() any { return new(laneTicket) }}
-)
+// finishLane settles t (accepted or failed for good): it leaves the lane,
+// the cursor may pass on, and an empty lane is removed. A leg of t still
+// counted as sent in the current epoch stays so: settled either way, it
+// cannot be in the way of the legs behind it.
+func (c *Client) finishLane(t *laneTicket, accepted bool) {
+	l := t.l
+	l.mu.Lock()
+	if !accepted && t.state == ticketSent && t.epoch == l.epoch {
+		l.epoch, l.seq = c.newEpoch(), 0
+	}
+	t.state = ticketDone
+	for l.head < len(l.q) && l.q[l.head].state == ticketDone {
+		l.q[l.head] = nil
+		l.head++
+	}
+	empty := l.head == len(l.q)
+	if !empty {
+		if l.head > 64 && l.head*2 > len(l.q) {
+			n := copy(l.q, l.q[l.head:])
+			clear(l.q[n:])
+			l.q, l.head = l.q[:n], 0
+		}
+		l.pokeLocked(c.opts.window)
+	}
+	l.mu.Unlock()
+	if !empty {
+		return
+	}
+	c.lanesMu.Lock()
+	l.mu.Lock()
+	if l.head == len(l.q) && c.lanes[l.key] == l {
+		delete(c.lanes, l.key)
+	}
+	l.mu.Unlock()
+	c.lanesMu.Unlock()
+}

@@ -39,7 +39,10 @@ func TestOrderWithRefusals(t *testing.T) {
 	// impossible in practice (0.2^51): this test is about order, and the
 	// default ladder's 7 attempts would all meet a refusal for about 1 in
 	// 78 000 deliveries.
-	c := newClient(t, natstest.Connect(t, s), res, WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 50}))
+	// Every refusal makes the deliveries behind it in the window be
+	// refused out of order and sent again: 12 800 deliveries queued at once
+	// need more than the default 30 s on a loaded machine under -race.
+	c := newClient(t, natstest.Connect(t, s), res, WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 50}), WithRequestTimeout(5*time.Minute))
 
 	ctx := context.Background()
 	results := make([][]<-chan Result, streams)
@@ -97,8 +100,9 @@ func TestOrderWithRefusals(t *testing.T) {
 	t.Logf("retries injected: %d", c.Stats().Retries)
 }
 
-// TestRetryHoldsLane: a delivery backing off on its lane holds that lane —
-// the next delivery on it waits — while other lanes finish meanwhile.
+// TestRetryHoldsLane: a delivery backing off on its lane holds its place —
+// the next delivery on it (refused too: its leg left in the same window)
+// waits behind it — while other lanes finish meanwhile.
 func TestRetryHoldsLane(t *testing.T) {
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
@@ -118,7 +122,7 @@ func TestRetryHoldsLane(t *testing.T) {
 	ctx := context.Background()
 	first := c.DeliverAsync(ctx, Delivery{ID: "held-1", To: "rec/held"})
 	second := c.DeliverAsync(ctx, Delivery{ID: "held-2", To: "rec/held"})
-	natstest.Eventually(t, 5*time.Second, func() bool { return len(clock.recorded()) == 1 }, "first delivery backing off")
+	natstest.Eventually(t, 5*time.Second, func() bool { return len(clock.recorded()) >= 1 }, "first delivery backing off")
 	for i := 0; i < 10; i++ {
 		if _, err := c.Deliver(ctx, Delivery{To: "rec/other", Stream: subjects.Stream(fmt.Sprint(i))}); err != nil {
 			t.Fatalf("other lane: %v", err)
@@ -145,7 +149,7 @@ func TestRetryHoldsLane(t *testing.T) {
 	if r := <-first; r.Err != nil || r.Attempts != 2 {
 		t.Fatalf("first: %+v", r)
 	}
-	if r := <-second; r.Err != nil || r.Attempts != 1 {
+	if r := <-second; r.Err != nil || r.Attempts < 1 {
 		t.Fatalf("second: %+v", r)
 	}
 	natstest.Eventually(t, 5*time.Second, func() bool { return rec.executions("held-2") == 1 }, "second handled")

@@ -93,7 +93,9 @@ func TestSaturationEpisodes(t *testing.T) {
 	slow := subjects.NodeID{Name: "slow", Generation: 1}
 	intake := holdIntake(t, s, slow)
 	var logs syncBuffer
-	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: slow},
+	// Stop-and-wait (window 1), so that the lane 4 deep has one leg in
+	// flight and three waiting.
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: slow}, WithWindow(1),
 		WithSaturationThreshold(4), WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 
 	burst := func() []<-chan Result {

@@ -214,12 +214,13 @@ func TestSlotDeadline(t *testing.T) {
 }
 
 // TestLaneDeadline: a delivery whose deadline passes while it waits behind
-// its lane's head was never sent: resendable Unavailable, not a timeout.
+// its lane's head (the window is full: 1 here) was never sent: resendable
+// Unavailable, not a timeout.
 func TestLaneDeadline(t *testing.T) {
 	s := natstest.RunServer(t)
 	hang := subjects.NodeID{Name: "hang", Generation: 1}
 	held := holdIntake(t, s, hang)
-	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: hang})
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: hang}, WithWindow(1))
 	d1 := c.DeliverAsync(context.Background(), Delivery{To: "rec/lane"})
 	natstest.Eventually(t, 10*time.Second, func() bool { return held.count() == 1 }, "delivery 1 holds the lane")
 	for rep := range reps(t, 200) {

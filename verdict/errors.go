@@ -33,6 +33,7 @@ const (
 	ReasonDeadlineUnsent // the caller's deadline passed before any leg was sent
 	ReasonInvalidID      // the delivery ID is not 1-128 bytes of printable ASCII without spaces
 	ReasonResponseGone   // a duplicate of a handled request whose response is no longer kept
+	ReasonOutOfOrder     // a windowed lane's leg arrived out of its sequence (DESIGN §4)
 	numReasons
 )
 
@@ -56,6 +57,7 @@ var reasonNames = [numReasons]string{
 	ReasonDeadlineUnsent:   "deadline-unsent",
 	ReasonInvalidID:        "invalid-id",
 	ReasonResponseGone:     "response-gone",
+	ReasonOutOfOrder:       "out-of-order",
 }
 
 // String returns the reason's wire name, e.g. "not-owner".
@@ -105,6 +107,7 @@ var ladder = [numReasons]rung{
 	ReasonDeadlineUnsent:   {Unavailable, true, true},
 	ReasonInvalidID:        {Failed, false, false},
 	ReasonResponseGone:     {Failed, false, false},
+	ReasonOutOfOrder:       {ShuttingDown, true, true},
 }
 
 // Sentinels, one per [Reason]. Every *[Error] of the same reason matches its
@@ -170,6 +173,13 @@ var (
 	// whose response the hub no longer keeps (the bounded response store
 	// evicted it). Failed: the handler ran once; its response is lost.
 	ErrResponseGone = sentinel(ReasonResponseGone, "response no longer kept")
+	// ErrOutOfOrder: the intake refused a leg of a windowed lane that is
+	// not the next in its lane's sequence (an earlier leg was not
+	// accepted, or the intake holds no state for the lane: evicted, or a
+	// new activation). Nothing was accepted. ShuttingDown, resendable: the
+	// sender re-sends from its first unaccepted delivery, in order, in a
+	// new lane epoch (DESIGN §4, docs/protocol.md).
+	ErrOutOfOrder = sentinel(ReasonOutOfOrder, "out of order in its lane")
 )
 
 func sentinel(r Reason, msg string) *Error {

@@ -45,6 +45,7 @@ func table(live map[string]error) []row {
 		{"deadline passed before any leg was sent", ErrDeadlineUnsent, true, true, Unavailable, "nothing was sent: not a timeout"},
 		{"invalid delivery ID", ErrInvalidID, false, false, Failed, "returned before anything is sent"},
 		{"duplicate request, response gone", ErrResponseGone, false, false, Failed, "the handler ran; its response is lost"},
+		{"hub refused: out of order in its lane", ErrOutOfOrder, true, true, ShuttingDown, "refused before acceptance: the sender re-sends from its first unaccepted delivery"},
 		{"directory unreachable", ErrDirectoryUnavailable, true, true, ShuttingDown, "nothing was sent"},
 		{"mesh client closing", ErrClosing, true, true, ShuttingDown, "a lifecycle transition"},
 		{"nats connection closed (live)", live["closed"], true, true, ShuttingDown, "a lifecycle transition"},

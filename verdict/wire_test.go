@@ -22,7 +22,7 @@ func TestWireRoundTrip(t *testing.T) {
 		ErrNoPlacement, ErrDeparted, ErrDirectoryUnavailable, ErrClosing,
 		ErrHubShuttingDown, ErrActivationFailed, ErrStormBreaker, ErrInboxFull,
 		ErrBadRequest, ErrHandler, ErrUnknownKind, ErrInvalidAddress, ErrPayloadTooLarge,
-		ErrOutcomeUnknown, ErrDeadlineUnsent, ErrInvalidID, ErrResponseGone,
+		ErrOutcomeUnknown, ErrDeadlineUnsent, ErrInvalidID, ErrResponseGone, ErrOutOfOrder,
 		&Error{Reason: ReasonOutcomeUnknown, Message: "accepted by b.9, which departed", Node: "b.9", Err: ErrDeparted},
 		&Error{Reason: ReasonNotOwner, Message: "not the owner of echo/x", Node: "b.9"},
 		fmt.Errorf("handler: %w", &Error{Reason: ReasonHandlerError, Message: "boom", Err: errors.New("db down")}),

@@ -1,0 +1,83 @@
+package mesh
+
+import (
+	"strconv"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+)
+
+// legReplies receives the replies to legs on one wildcard subscription
+// (<inbox>.<token>), as nats.go's own request multiplexer does, so that a
+// leg can be published in its lane's order and its reply awaited apart
+// (lane.go). Safe for concurrent use.
+type legReplies struct {
+	prefix string // "<inbox>."
+	sub    *nats.Subscription
+
+	mu   sync.Mutex
+	next uint64
+	wait map[uint64]*legWait
+}
+
+// legWait is one leg's reply slot.
+type legWait struct {
+	token   uint64
+	subject string
+	ch      chan *nats.Msg // buffer 1: the reply, at most once
+}
+
+func (r *legReplies) start(nc *nats.Conn) error {
+	r.prefix = nc.NewInbox() + "."
+	r.wait = map[uint64]*legWait{}
+	sub, err := nc.Subscribe(r.prefix+"*", r.dispatch)
+	if err != nil {
+		return err
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	r.sub = sub
+	return nil
+}
+
+func (r *legReplies) stop() {
+	if r.sub != nil {
+		_ = r.sub.Unsubscribe()
+	}
+}
+
+// register returns a fresh reply slot; it must be given back with forget.
+func (r *legReplies) register() *legWait {
+	r.mu.Lock()
+	r.next++
+	w := &legWait{token: r.next, ch: make(chan *nats.Msg, 1)}
+	r.wait[w.token] = w
+	r.mu.Unlock()
+	w.subject = r.prefix + strconv.FormatUint(w.token, 36)
+	return w
+}
+
+// forget removes w: a reply arriving later is dropped.
+func (r *legReplies) forget(w *legWait) {
+	r.mu.Lock()
+	if r.wait[w.token] == w {
+		delete(r.wait, w.token)
+	}
+	r.mu.Unlock()
+}
+
+func (r *legReplies) dispatch(m *nats.Msg) {
+	if len(m.Subject) <= len(r.prefix) {
+		return
+	}
+	token, err := strconv.ParseUint(m.Subject[len(r.prefix):], 36, 64)
+	if err != nil {
+		return
+	}
+	r.mu.Lock()
+	w := r.wait[token]
+	delete(r.wait, token)
+	r.mu.Unlock()
+	if w != nil {
+		w.ch <- m
+	}
+}
