@@ -49,8 +49,8 @@ func TestLaneSequence(t *testing.T) {
 	ok("e1/2")
 	refused("e1/4") // a gap
 	refused("e1/4")
-	ok("")      // no header: not sequence-checked
-	ok("e1/3")  // the lane did not advance on refusals
+	ok("")     // no header: not sequence-checked
+	ok("e1/3") // the lane did not advance on refusals
 	ok("e1/4")
 	refused("e1/4") // a repeated position
 	ok("e2/1")      // a new epoch
