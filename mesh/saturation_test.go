@@ -58,6 +58,11 @@ func holdIntake(t *testing.T, s *server.Server, node subjects.NodeID) *holdingIn
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// The subscription is live on the server before the first leg: else a
+	// loaded machine meets no responders, retries, and the counts move.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	return intake
 }
 
