@@ -1,0 +1,96 @@
+package mesh
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/natsmesh/natsmesh/internal/latency"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+)
+
+// Benchmarks of one lane (DESIGN §4 windowed lanes). Run with
+//
+//	go test -run '^$' -bench 'OneLane' -benchtime 3s ./mesh/
+
+// BenchmarkOneLane256: 256 concurrent callers on ONE lane (one address, one
+// stream) vs raw requests with 256 in flight.
+func BenchmarkOneLane256(b *testing.B) {
+	s := natstest.RunServer(b)
+	const callers = 256
+	b.Run("mesh", func(b *testing.B) {
+		n := benchNode(b, s)
+		ctx := context.Background()
+		if _, err := n.Deliver(ctx, Delivery{To: "bench/one"}); err != nil { // warm
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		runWorkers(b, callers, func(int) error {
+			_, err := n.Deliver(ctx, Delivery{To: "bench/one", Payload: payload128})
+			return err
+		})
+	})
+	b.Run("raw", func(b *testing.B) {
+		rawResponder(b, s, "raw.one")
+		nc := natstest.Connect(b, s)
+		b.ReportAllocs()
+		runWorkers(b, callers, func(int) error {
+			_, err := nc.Request("raw.one", payload128, 5*time.Second)
+			return err
+		})
+	})
+}
+
+// BenchmarkOneLanePipelined: one goroutine pipelines deliveries on one lane
+// with DeliverAsync (at most 256 outstanding) to a destination about 2 ms
+// away (1 ms each way through a delaying proxy), vs sequential Deliver on
+// the same lane (one round trip per delivery, as before windowed lanes).
+func BenchmarkOneLanePipelined(b *testing.B) {
+	s := natstest.RunServer(b)
+	n := benchNode(b, s)
+	p, err := latency.Start(s.Addr().String(), time.Millisecond)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = p.Close() })
+	c, err := NewClient(Config{Conn: natstest.ConnectURL(b, p.URL()), Resolver: StaticResolver{Node: n.ID()}}, WithSaturationThreshold(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	ctx := context.Background()
+	if _, err := c.Deliver(ctx, Delivery{To: "bench/farlane"}); err != nil { // warm
+		b.Fatal(err)
+	}
+	b.Run("sequential", func(b *testing.B) {
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if _, err := c.Deliver(ctx, Delivery{To: "bench/farlane", Payload: payload128}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
+	})
+	b.Run("async", func(b *testing.B) {
+		b.ReportAllocs()
+		ring := make(chan (<-chan Result), 256)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for r := range ring {
+				if res := <-r; res.Err != nil {
+					b.Error(res.Err)
+				}
+			}
+		}()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			ring <- c.DeliverAsync(ctx, Delivery{To: "bench/farlane", Payload: payload128})
+		}
+		close(ring)
+		<-done
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
+	})
+}
