@@ -29,9 +29,11 @@ type intakeSpan struct {
 // traceparent. Only with a tracer.
 func (h *Host) startIntake(m *nats.Msg) {
 	ctx := meshtrace.Extract(context.Background(), m.Header)
-	_, span := h.tracer.Start(ctx, "receive", trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("messaging.system", "nats"), meshtrace.OpReceive, meshtrace.KeyNode.String(h.nodeID),
-			meshtrace.KeyGeneration.String(strconv.FormatUint(h.cfg.Node.Generation, 10))))
+	_, span := h.tracer.Start(ctx, "receive", trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("messaging.system", "nats"), meshtrace.OpReceive, meshtrace.KeyNode.String(h.nodeID),
+			meshtrace.KeyGeneration.String(strconv.FormatUint(h.cfg.Node.Generation, 10)))
+	}
 	h.intakes.Store(m, &intakeSpan{span: span, remote: trace.SpanContextFromContext(ctx)})
 }
 
@@ -43,9 +45,11 @@ func (h *Host) tagIntake(m *nats.Msg, e *entry) {
 		return
 	}
 	is := v.(*intakeSpan)
-	is.span.SetName("receive " + e.To.Kind())
-	is.span.SetAttributes(meshtrace.Message(meshtrace.OpReceive, "receive", string(e.To), e.ID, string(e.Stream))...)
-	is.span.SetAttributes(meshtrace.KeyAttempt.Int(e.Attempt))
+	if is.span.IsRecording() {
+		is.span.SetName("receive " + e.To.Kind())
+		is.span.SetAttributes(meshtrace.Message(meshtrace.OpReceive, "receive", string(e.To), e.ID, string(e.Stream))...)
+		is.span.SetAttributes(meshtrace.KeyAttempt.Int(e.Attempt))
+	}
 	e.tr = &traceContexts{answer: is.span.SpanContext(), remote: is.remote}
 }
 
@@ -65,9 +69,7 @@ func (h *Host) startTurn(d *Delivery) (context.Context, trace.Span) {
 	if d.expectResponse {
 		kind = trace.SpanKindServer
 	}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(kind),
-		trace.WithAttributes(meshtrace.Message(meshtrace.OpProcess, "process", string(d.To), d.ID, string(d.Stream))...),
-		trace.WithAttributes(meshtrace.KeyNode.String(h.nodeID), meshtrace.KeyAttempt.Int(d.Attempt))}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(kind)}
 	ctx := h.ctx
 	if d.tr == nil {
 		d.tr = &traceContexts{} // its intake ran before tracing was known
@@ -79,6 +81,10 @@ func (h *Host) startTurn(d *Delivery) (context.Context, trace.Span) {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, d.tr.answer)
 	}
 	ctx, span := h.tracer.Start(ctx, "process "+d.To.Kind(), opts...)
+	if span.IsRecording() {
+		span.SetAttributes(meshtrace.Message(meshtrace.OpProcess, "process", string(d.To), d.ID, string(d.Stream))...)
+		span.SetAttributes(meshtrace.KeyNode.String(h.nodeID), meshtrace.KeyAttempt.Int(d.Attempt))
+	}
 	d.tr.answer = span.SpanContext()
 	return ctx, span
 }

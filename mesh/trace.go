@@ -32,15 +32,22 @@ func (c *Client) startSend(ctx context.Context, d *Delivery, request bool) (cont
 	if request {
 		kind, op = trace.SpanKindClient, "request"
 	}
-	attrs := meshtrace.Message(meshtrace.OpSend, op, string(d.To), d.ID, string(d.Stream))
-	if d.Type != "" {
-		attrs = append(attrs, meshtrace.KeyType.String(d.Type))
+	ctx, span := c.opts.tracer.Start(ctx, op+" "+d.To.Kind(), trace.WithSpanKind(kind))
+	if span.IsRecording() { // a span sampled out costs no attributes
+		span.SetAttributes(meshtrace.Message(meshtrace.OpSend, op, string(d.To), d.ID, string(d.Stream))...)
+		if d.Type != "" {
+			span.SetAttributes(meshtrace.KeyType.String(d.Type))
+		}
 	}
-	return c.opts.tracer.Start(ctx, op+" "+d.To.Kind(), trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+	return ctx, span
 }
 
 // endSend records a delivery's final outcome on its span and ends it.
 func endSend(span trace.Span, r Receipt, err error) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
 	extra := []attribute.KeyValue{meshtrace.MessageID(r.ID), meshtrace.KeyAttempts.Int(r.Attempts)}
 	extra = append(extra, nodeAttrs(r.Node)...)
 	meshtrace.End(span, err, extra...)
@@ -55,9 +62,13 @@ func nodeAttrs(n subjects.NodeID) []attribute.KeyValue {
 
 // traceAttempt adds one attempt's event to the delivery's span in ctx.
 func traceAttempt(ctx context.Context, attempt int, node subjects.NodeID, err error) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
 	attrs := append([]attribute.KeyValue{meshtrace.KeyAttempt.Int(attempt)}, nodeAttrs(node)...)
 	attrs = append(attrs, meshtrace.Verdict(err)...)
-	trace.SpanFromContext(ctx).AddEvent("attempt", trace.WithAttributes(attrs...))
+	span.AddEvent("attempt", trace.WithAttributes(attrs...))
 }
 
 func (c *Client) deliverTraced(ctx context.Context, d *Delivery) (Receipt, error) {
@@ -70,7 +81,7 @@ func (c *Client) deliverTraced(ctx context.Context, d *Delivery) (Receipt, error
 func (c *Client) requestTraced(ctx context.Context, d *Delivery) (Response, error) {
 	ctx, span := c.startSend(ctx, d, true)
 	resp, err := c.requestCounted(ctx, d)
-	if !resp.Node.IsZero() {
+	if !resp.Node.IsZero() && span.IsRecording() {
 		// Accepted: the response, or the late verdict that replaced it.
 		kind := hub.AnswerResponse
 		if err != nil {

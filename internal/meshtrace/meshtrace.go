@@ -177,8 +177,13 @@ func reasonOf(err error) string {
 	return "error"
 }
 
-// End sets span's verdict attributes and status from err and ends it.
+// End sets span's verdict attributes and status from err and ends it (a
+// span sampled out is only ended).
 func End(span trace.Span, err error, extra ...attribute.KeyValue) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
 	span.SetAttributes(Verdict(err)...)
 	span.SetAttributes(extra...)
 	if err != nil {
