@@ -71,6 +71,7 @@ type options struct {
 	logger              *slog.Logger
 	onLate              func(LateVerdict)
 	tracer              trace.Tracer // nil: tracing off
+	gone                func(subjects.NodeID) bool
 }
 
 // Defaults for the options.
@@ -217,6 +218,18 @@ func WithLogger(l *slog.Logger) Option {
 func WithLateVerdicts(f func(LateVerdict)) Option {
 	return func(o *options) error {
 		o.onLate = f
+		return nil
+	}
+}
+
+// WithLiveness makes the client ask the cluster view whether an owner
+// generation is gone (e.g. [Node.Gone]) instead of remembering the
+// generations FailNode declared gone: one store of liveness, bounded. A
+// [Node] with membership sets it. gone must be safe for concurrent use and
+// cheap: it is asked each time a delivery is addressed to an owner.
+func WithLiveness(gone func(subjects.NodeID) bool) Option {
+	return func(o *options) error {
+		o.gone = gone
 		return nil
 	}
 }

@@ -109,6 +109,9 @@ func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone boo
 	}
 	set[f] = struct{}{}
 	how, gone := c.fl.gone[node]
+	if !gone && checkGone && c.opts.gone != nil && c.opts.gone(node) {
+		how, gone = "(known gone)", true
+	}
 	f.mu.Lock()
 	c.fl.mu.Unlock()
 	f.phase, f.node, f.ev, f.evText, f.evErr, f.cancel, f.backoff = p, node, evNone, "", nil, nil, false
@@ -211,10 +214,12 @@ func departedError(node subjects.NodeID, how string) error {
 // calling it twice for one node is harmless.
 func (c *Client) FailNode(node subjects.NodeID, how string) {
 	c.fl.mu.Lock()
-	if _, ok := c.fl.gone[node]; !ok {
-		c.fl.gone[node] = how
+	if c.opts.gone == nil { // without a cluster view, remember it here
+		if _, ok := c.fl.gone[node]; !ok {
+			c.fl.gone[node] = how
+		}
+		how = c.fl.gone[node]
 	}
-	how = c.fl.gone[node]
 	set := c.fl.byNode[node]
 	hit := make([]*flight, 0, len(set))
 	for f := range set {

@@ -192,8 +192,14 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	case res == nil:
 		res = StaticResolver{Node: id}
 	}
+	base := []Option{WithLogger(cfg.Logger), WithTracerProvider(cfg.TracerProvider)}
+	if cfg.Membership != nil {
+		// Liveness is the cluster view's (DESIGN §9): the client keeps no
+		// departure marks of its own.
+		base = append(base, WithLiveness(n.Gone))
+	}
 	c, err := NewClient(Config{Conn: cfg.Conn, Resolver: res, Identity: id, Prefix: cfg.Prefix},
-		append([]Option{WithLogger(cfg.Logger), WithTracerProvider(cfg.TracerProvider)}, opts...)...)
+		append(base, opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -145,3 +145,30 @@ func collectInfo(t *testing.T, nc *nats.Conn) []map[string]string {
 		}
 	}
 }
+
+// TestOneLivenessStore: with membership the client keeps no departure
+// marks of its own: it asks the cluster view (Node.Gone), which forgets a
+// departure after the fencing delay.
+func TestOneLivenessStore(t *testing.T) {
+	s := natstest.RunServer(t)
+	a, _ := clusterNode(t, s, "a", newRecorder())
+	b, _ := clusterNode(t, s, "b", newRecorder())
+	waitMembers(t, 2, a, b)
+	gone := b.ID()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := b.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return a.Gone(gone) }, "b known gone")
+	if d := a.departures.Load(); d != 1 {
+		t.Fatalf("departures seen %d, want 1", d)
+	}
+	a.Client.fl.mu.Lock()
+	marks := len(a.Client.fl.gone)
+	a.Client.fl.mu.Unlock()
+	if marks != 0 {
+		t.Fatalf("the client keeps %d departure marks of its own", marks)
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { return !a.Gone(gone) }, "the departure forgotten after the fencing delay")
+}
