@@ -94,3 +94,44 @@ func BenchmarkOneLanePipelined(b *testing.B) {
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
 	})
 }
+
+// BenchmarkSequentialRequest: one caller, one Request at a time (the
+// handler answers with an empty response), vs a raw request.
+func BenchmarkSequentialRequest(b *testing.B) {
+	s := natstest.RunServer(b)
+	b.Run("mesh", func(b *testing.B) {
+		n := benchNode(b, s)
+		ctx := context.Background()
+		if _, err := n.Request(ctx, Delivery{To: "bench/req"}); err != nil { // warm
+			b.Fatal(err)
+		}
+		lat := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			if _, err := n.Request(ctx, Delivery{To: "bench/req", Payload: payload128}); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		b.StopTimer()
+		reportPercentiles(b, lat)
+	})
+	b.Run("raw", func(b *testing.B) {
+		rawResponder(b, s, "raw.req")
+		nc := natstest.Connect(b, s)
+		lat := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			if _, err := nc.Request("raw.req", payload128, 5*time.Second); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		b.StopTimer()
+		reportPercentiles(b, lat)
+	})
+}

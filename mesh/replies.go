@@ -45,11 +45,18 @@ func (r *legReplies) stop() {
 	}
 }
 
-// register returns a fresh reply slot; it must be given back with forget.
+// waitPool recycles reply slots: a slot is handed to dispatch at most once
+// (under r.mu), and forget takes back whatever dispatch left in it, so a
+// recycled slot never holds a stale reply.
+var waitPool = sync.Pool{New: func() any { return &legWait{ch: make(chan *nats.Msg, 1)} }}
+
+// register returns a fresh reply slot; it must be given back with forget
+// (after which it must not be used).
 func (r *legReplies) register() *legWait {
+	w := waitPool.Get().(*legWait)
 	r.mu.Lock()
 	r.next++
-	w := &legWait{token: r.next, ch: make(chan *nats.Msg, 1)}
+	w.token = r.next
 	r.wait[w.token] = w
 	r.mu.Unlock()
 	w.subject = r.prefix + strconv.FormatUint(w.token, 36)
@@ -61,8 +68,15 @@ func (r *legReplies) forget(w *legWait) {
 	r.mu.Lock()
 	if r.wait[w.token] == w {
 		delete(r.wait, w.token)
+	} else {
+		select { // dispatch took it: its reply, if not received, is in ch
+		case <-w.ch:
+		default:
+		}
 	}
 	r.mu.Unlock()
+	w.subject = ""
+	waitPool.Put(w)
 }
 
 func (r *legReplies) dispatch(m *nats.Msg) {
@@ -74,10 +88,9 @@ func (r *legReplies) dispatch(m *nats.Msg) {
 		return
 	}
 	r.mu.Lock()
-	w := r.wait[token]
-	delete(r.wait, token)
-	r.mu.Unlock()
-	if w != nil {
-		w.ch <- m
+	if w := r.wait[token]; w != nil {
+		delete(r.wait, token)
+		w.ch <- m // buffer 1, one reply per slot: never blocks
 	}
+	r.mu.Unlock()
 }
