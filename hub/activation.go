@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -167,7 +168,7 @@ func (a *activation) handle(hub Hub, e *entry) {
 		if sv := stateVerdict(err, h.nodeID); sv != nil {
 			rerr = sv // nothing persisted: resendable (state.go)
 		} else if err != nil {
-			rerr = &verdict.Error{Reason: verdict.ReasonHandlerError, Message: err.Error()}
+			rerr = handlerVerdict(err)
 		}
 		h.dedupe.responded(d.rec, nil, rerr)
 		if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil, d.tr); serr != nil {
@@ -224,7 +225,7 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	if sv := stateVerdict(err, h.nodeID); sv != nil {
 		rerr = sv
 	} else if err != nil {
-		rerr = &verdict.Error{Reason: verdict.ReasonHandlerError, Message: err.Error()}
+		rerr = handlerVerdict(err)
 		h.log.Warn("hub batch handler failed", "address", string(a.addr), "deliveries", len(ds), "err", err)
 	}
 	for _, d := range ds {
@@ -371,4 +372,23 @@ func (a *activation) deactivate() {
 	if c := h.cfg.Claims; c != nil {
 		c.Release(a.addr)
 	}
+}
+
+// handlerVerdict is the response verdict of a handler's error. A handler
+// that returns a terminal verdict of its own (e.g. verdict.New with
+// verdict.ReasonBadRequest for input it refuses) keeps its reason and
+// message; any other error, including a resendable verdict — the handler
+// ran, so "nothing held" would not be true — is handler-error with the
+// error's text.
+func handlerVerdict(err error) *verdict.Error {
+	var ve *verdict.Error
+	if errors.As(err, &ve) && ve.Reason != verdict.ReasonUnknown && !verdict.IsTransient(ve) {
+		msg := ve.Message
+		if ve != err {
+			// Wrapped: keep the handler's context, said once.
+			msg = strings.Replace(err.Error(), ve.Error(), ve.Message, 1)
+		}
+		return &verdict.Error{Reason: ve.Reason, Message: msg}
+	}
+	return &verdict.Error{Reason: verdict.ReasonHandlerError, Message: err.Error()}
 }

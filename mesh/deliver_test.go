@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -205,6 +206,48 @@ func TestResponseTooLarge(t *testing.T) {
 	_, err := n.Request(ctx, Delivery{To: "rec/big"})
 	if !errors.Is(err, verdict.ErrHandler) || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Request = %v; want a handler-error verdict", err)
+	}
+}
+
+// TestHandlerVerdicts: a Request's response verdict says what the handler
+// said. A terminal verdict of the handler's own keeps its reason and its
+// message, said once, bare or wrapped; a plain error, a resendable verdict
+// (the handler ran: "nothing held" would be untrue) and a timeout are
+// handler-error.
+func TestHandlerVerdicts(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	bad := verdict.New(verdict.ReasonBadRequest, "kv takes set, delete or get, not %q", "bogus")
+	cases := []struct {
+		name     string
+		err      error
+		sentinel error
+		message  string
+	}{
+		{"bare bad-request", bad, verdict.ErrBadRequest, `kv takes set, delete or get, not "bogus"`},
+		{"wrapped bad-request", fmt.Errorf("parse: %w", bad), verdict.ErrBadRequest, `parse: kv takes set, delete or get, not "bogus"`},
+		{"unknown kind", verdict.New(verdict.ReasonUnknownKind, "no such thing"), verdict.ErrUnknownKind, "no such thing"},
+		{"plain error", errors.New("disk on fire"), verdict.ErrHandler, "disk on fire"},
+		{"resendable verdict", verdict.New(verdict.ReasonHubShuttingDown, "later"), verdict.ErrHandler, "ShuttingDown: later"},
+		{"timeout", fmt.Errorf("backend: %w", context.DeadlineExceeded), verdict.ErrHandler, "backend: context deadline exceeded"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec.fn = func(context.Context, *hub.Delivery) error { return tc.err }
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := n.Request(ctx, Delivery{To: "rec/v"})
+			if !errors.Is(err, tc.sentinel) || verdict.IsTransient(err) || verdict.Classify(err) != verdict.Failed {
+				t.Fatalf("Request = %v; want %v, terminal Failed", err, tc.sentinel)
+			}
+			var ve *verdict.Error
+			if !errors.As(err, &ve) || ve.Message != tc.message {
+				t.Fatalf("message = %q; want %q (error %v)", ve.Message, tc.message, err)
+			}
+			if strings.Count(err.Error(), "Failed:") > 1 {
+				t.Fatalf("error says Failed twice: %v", err)
+			}
+		})
 	}
 }
 
