@@ -230,7 +230,7 @@ it. Every live generation of that name drains. No node of that name exits 3.`,
 				if id, perr := subjects.ParseNodeID(name); perr == nil {
 					return usageErrorf("give the node name %q, not the generation %q", id.Name, name)
 				}
-				return usageErrorf("invalid node name: %v", err)
+				return usageErrorf("%v", err)
 			}
 			nc, err := g.connect("meshctl drain")
 			if err != nil {
