@@ -163,3 +163,22 @@ func TestAuthKeysRefuseLooseFiles(t *testing.T) {
 		t.Fatal("a bad seed was accepted")
 	}
 }
+
+// TestNegativeSettingNamed: a negative setting is refused naming that one
+// setting and its flag (a fresh-user trial met one message listing eight).
+func TestNegativeSettingNamed(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Name: "n", DrainTimeout: -time.Second}, "DrainTimeout (--drain-timeout) is negative"},
+		{Config{Name: "n", KVReplicas: -1}, "KVReplicas (--kv-replicas) is negative"},
+		{Config{Name: "n", TTL: -1}, "TTL (--ttl) is negative"},
+		{Config{Name: "n", StateMaxValueSize: -1}, "StateMaxValueSize (--state-max-value) is negative"},
+	} {
+		err := tc.cfg.validate()
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+}

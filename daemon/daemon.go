@@ -187,8 +187,22 @@ func (c *Config) validate() error {
 			return fmt.Errorf("%w: http: %w", ErrInvalidConfig, err)
 		}
 	}
-	if c.DrainTimeout < 0 || c.Heartbeat < 0 || c.TTL < 0 || c.KVReplicas < 0 || c.StateReplicas < 0 || c.StateMaxValueSize < 0 || c.PlacementWait < 0 || c.FencingDelay < 0 {
-		return fmt.Errorf("%w: negative drain timeout, heartbeat, TTL, fencing delay, placement wait or KV replicas", ErrInvalidConfig)
+	for _, f := range []struct {
+		name  string // the field, and its meshd flag
+		value int64
+	}{
+		{"DrainTimeout (--drain-timeout)", int64(c.DrainTimeout)},
+		{"Heartbeat (--heartbeat)", int64(c.Heartbeat)},
+		{"TTL (--ttl)", int64(c.TTL)},
+		{"KVReplicas (--kv-replicas)", int64(c.KVReplicas)},
+		{"StateReplicas (--state-replicas)", int64(c.StateReplicas)},
+		{"StateMaxValueSize (--state-max-value)", int64(c.StateMaxValueSize)},
+		{"PlacementWait (--placement-wait)", int64(c.PlacementWait)},
+		{"FencingDelay", int64(c.FencingDelay)},
+	} {
+		if f.value < 0 {
+			return fmt.Errorf("%w: %s is negative", ErrInvalidConfig, f.name)
+		}
 	}
 	if c.PlacementWait == 0 {
 		c.PlacementWait = mesh.DefaultPlacementWait
