@@ -161,6 +161,9 @@ func TestOneLivenessStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.Eventually(t, 5*time.Second, func() bool { return a.Gone(gone) }, "b known gone")
+	// The departure event is counted on the membership watcher, which may
+	// run just after the cluster view learned it.
+	natstest.Eventually(t, 5*time.Second, func() bool { return a.departures.Load() >= 1 }, "the departure counted")
 	if d := a.departures.Load(); d != 1 {
 		t.Fatalf("departures seen %d, want 1", d)
 	}
