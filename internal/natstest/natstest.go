@@ -62,32 +62,7 @@ func RunServer(t testing.TB, opts ...Option) *server.Server {
 		JetStream: true,
 		StoreDir:  t.TempDir(),
 	}
-	if conf := os.Getenv(EnvAccounts); conf != "" {
-		// Every server of the run gets these accounts (say, the node
-		// permission profile as no_auth_user): the suites run under them.
-		b, err := os.ReadFile(conf)
-		if err != nil {
-			t.Fatalf("natstest: %s: %v", EnvAccounts, err)
-		}
-		WithConfig(string(b))(o)
-	}
-	for _, opt := range opts {
-		opt(o)
-	}
-	s, err := server.NewServer(o)
-	if err != nil {
-		t.Fatalf("natstest: new server: %v", err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		t.Fatalf("natstest: server not ready in 10s")
-	}
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return s
+	return start(t, o, opts)
 }
 
 // RunConfig starts an in-process nats-server from a server configuration
@@ -112,32 +87,7 @@ func RunConfig(t testing.TB, conf string, opts ...Option) *server.Server {
 		o.Port = -1
 	}
 	o.NoLog, o.NoSigs = true, true
-	if conf := os.Getenv(EnvAccounts); conf != "" {
-		// Every server of the run gets these accounts (say, the node
-		// permission profile as no_auth_user): the suites run under them.
-		b, err := os.ReadFile(conf)
-		if err != nil {
-			t.Fatalf("natstest: %s: %v", EnvAccounts, err)
-		}
-		WithConfig(string(b))(o)
-	}
-	for _, opt := range opts {
-		opt(o)
-	}
-	s, err := server.NewServer(o)
-	if err != nil {
-		t.Fatalf("natstest: new server: %v", err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		t.Fatalf("natstest: server not ready in 10s")
-	}
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return s
+	return start(t, o, opts)
 }
 
 // Connect opens a nats.go connection to s, closed when the test ends. An
@@ -187,4 +137,36 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg strin
 			wait *= 2
 		}
 	}
+}
+
+// start applies the run's accounts (EnvAccounts) and opts to o, starts the
+// server, waits until it is ready and shuts it down when the test ends.
+func start(t testing.TB, o *server.Options, opts []Option) *server.Server {
+	t.Helper()
+	if conf := os.Getenv(EnvAccounts); conf != "" {
+		// Every server of the run gets these accounts (say, the node
+		// permission profile as no_auth_user): the suites run under them.
+		b, err := os.ReadFile(conf)
+		if err != nil {
+			t.Fatalf("natstest: %s: %v", EnvAccounts, err)
+		}
+		WithConfig(string(b))(o)
+	}
+	for _, opt := range opts {
+		opt(o)
+	}
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatalf("natstest: new server: %v", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		t.Fatalf("natstest: server not ready in 10s")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
 }
