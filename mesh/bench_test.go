@@ -79,35 +79,19 @@ func BenchmarkSequential(b *testing.B) {
 		if _, err := n.Deliver(ctx, d); err != nil { // warm: activation built
 			b.Fatal(err)
 		}
-		lat := make([]time.Duration, 0, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			t0 := time.Now()
+		runSequential(b, func() error {
 			d.ID = ""
-			if _, err := n.Deliver(ctx, d); err != nil {
-				b.Fatal(err)
-			}
-			lat = append(lat, time.Since(t0))
-		}
-		b.StopTimer()
-		reportPercentiles(b, lat)
+			_, err := n.Deliver(ctx, d)
+			return err
+		})
 	})
 	b.Run("raw", func(b *testing.B) {
 		rawResponder(b, s, "raw.seq")
 		nc := natstest.Connect(b, s)
-		lat := make([]time.Duration, 0, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			t0 := time.Now()
-			if _, err := nc.Request("raw.seq", payload128, 5*time.Second); err != nil {
-				b.Fatal(err)
-			}
-			lat = append(lat, time.Since(t0))
-		}
-		b.StopTimer()
-		reportPercentiles(b, lat)
+		runSequential(b, func() error {
+			_, err := nc.Request("raw.seq", payload128, 5*time.Second)
+			return err
+		})
 	})
 }
 
@@ -242,4 +226,23 @@ func runWorkers(b *testing.B, workers int, do func(worker int) error) {
 	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
+}
+
+// runSequential runs op b.N times one after another, timing each call, and
+// reports allocations and the latency percentiles (reportPercentiles); a
+// failing op stops the benchmark.
+func runSequential(b *testing.B, op func() error) {
+	b.Helper()
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	reportPercentiles(b, lat)
 }

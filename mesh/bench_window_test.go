@@ -108,34 +108,18 @@ func BenchmarkSequentialRequest(b *testing.B) {
 		if _, err := n.Request(ctx, Delivery{To: "bench/req"}); err != nil { // warm
 			b.Fatal(err)
 		}
-		lat := make([]time.Duration, 0, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			t0 := time.Now()
-			if _, err := n.Request(ctx, Delivery{To: "bench/req", Payload: payload128}); err != nil {
-				b.Fatal(err)
-			}
-			lat = append(lat, time.Since(t0))
-		}
-		b.StopTimer()
-		reportPercentiles(b, lat)
+		runSequential(b, func() error {
+			_, err := n.Request(ctx, Delivery{To: "bench/req", Payload: payload128})
+			return err
+		})
 	})
 	b.Run("raw", func(b *testing.B) {
 		rawResponder(b, s, "raw.req")
 		nc := natstest.Connect(b, s)
-		lat := make([]time.Duration, 0, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			t0 := time.Now()
-			if _, err := nc.Request("raw.req", payload128, 5*time.Second); err != nil {
-				b.Fatal(err)
-			}
-			lat = append(lat, time.Since(t0))
-		}
-		b.StopTimer()
-		reportPercentiles(b, lat)
+		runSequential(b, func() error {
+			_, err := nc.Request("raw.req", payload128, 5*time.Second)
+			return err
+		})
 	})
 }
 

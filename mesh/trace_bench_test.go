@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -49,19 +48,11 @@ func BenchmarkTracing(b *testing.B) {
 			if _, err := n.Deliver(ctx, d); err != nil {
 				b.Fatal(err)
 			}
-			lat := make([]time.Duration, 0, b.N)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				t0 := time.Now()
+			runSequential(b, func() error {
 				d.ID = ""
-				if _, err := n.Deliver(ctx, d); err != nil {
-					b.Fatal(err)
-				}
-				lat = append(lat, time.Since(t0))
-			}
-			b.StopTimer()
-			reportPercentiles(b, lat)
+				_, err := n.Deliver(ctx, d)
+				return err
+			})
 		})
 	}
 	for _, p := range providers {
