@@ -170,8 +170,7 @@ func (a *activation) handle(hub Hub, e *entry) {
 		} else if err != nil {
 			rerr = handlerVerdict(err)
 		}
-		h.dedupe.responded(d.rec, nil, rerr)
-		if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil, d.tr); serr != nil {
+		if serr := h.sendResponse(d, rerr, nil); serr != nil {
 			h.log.Warn("response not sent", "id", d.ID, "err", serr)
 		}
 		return
@@ -230,8 +229,7 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	}
 	for _, d := range ds {
 		if d.expectResponse && d.responded.CompareAndSwap(false, true) {
-			h.dedupe.responded(d.rec, nil, rerr)
-			if serr := h.sendAnswer(d.answerTo, d.ID, AnswerResponse, rerr, nil, d.tr); serr != nil {
+			if serr := h.sendResponse(d, rerr, nil); serr != nil {
 				h.log.Warn("response not sent", "id", d.ID, "err", serr)
 			}
 		}

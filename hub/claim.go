@@ -124,7 +124,7 @@ func (h *Host) runClaim(op *claimOp) {
 		case h.dedupe.lookup(p.e.ID) != nil:
 			o.dup = h.dedupe.lookup(p.e.ID) // a copy parked twice: accepted once
 		default:
-			p.e.rec = h.dedupe.add(p.e.ID, p.e.expectResponse)
+			p.e.rec = h.dedupe.add(p.e.ID, p.e.expectResponse, p.e.answerTo)
 			eerr := a.enqueue(p.e)
 			if eerr != nil {
 				h.dedupe.forget(p.e.rec)

@@ -29,16 +29,24 @@ const (
 	recResponded                 // a request whose handler answered: resp is kept
 	recRespGone                  // a request whose handler answered; the response was evicted
 	recFailed                    // failed after acceptance with a terminal verdict: err
+	recForgotten                 // left the window by forget: the hub holds nothing of it
 )
+
+// maxAlsoAnswer bounds the other answer subjects a queued request's answer
+// also goes to: duplicates of it that came from other senders (an outside
+// client's re-send through another ingress node) while it was queued.
+const maxAlsoAnswer = 4
 
 // record is the outcome the intake remembers for one accepted delivery ID.
 // Its fields are guarded by the dedupe's mutex.
 type record struct {
-	id      string
-	request bool
-	state   recState
-	payload []byte // recResponded: the response
-	err     error  // recResponded: the handler's failure, if any; recFailed: the late verdict
+	id       string
+	request  bool
+	answerTo string // the accepted delivery's answer subject
+	state    recState
+	payload  []byte   // recResponded: the response
+	err      error    // recResponded: the handler's failure, if any; recFailed: the late verdict
+	alsoTo   []string // recAccepted requests: duplicates' other answer subjects, owed the answer too
 }
 
 // dedupe records outcomes, not sightings (DESIGN §5): the last n accepted
@@ -70,8 +78,8 @@ func (d *dedupe) lookup(id string) *record {
 
 // add remembers a delivery about to be enqueued and returns its record; the
 // oldest ID leaves the window.
-func (d *dedupe) add(id string, request bool) *record {
-	r := &record{id: id, request: request}
+func (d *dedupe) add(id string, request bool, answerTo string) *record {
+	r := &record{id: id, request: request, answerTo: answerTo}
 	d.mu.Lock()
 	if old := d.ring[d.next]; old != nil && d.recs[old.id] == old {
 		delete(d.recs, old.id)
@@ -86,53 +94,60 @@ func (d *dedupe) add(id string, request bool) *record {
 
 // forget removes r's ID from the window (a refusal, or a resendable late
 // verdict: the callee holds nothing, so a re-send must be accepted). A newer
-// record of the same ID is left alone.
-func (d *dedupe) forget(r *record) {
+// record of the same ID is left alone. It returns the other answer
+// subjects owed r's answer (see also).
+func (d *dedupe) forget(r *record) []string {
 	if r == nil {
-		return
+		return nil
 	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.recs[r.id] == r {
 		delete(d.recs, r.id)
 	}
 	d.dropResponseLocked(r)
-	d.mu.Unlock()
+	r.state = recForgotten // a duplicate that looked it up just before is accepted afresh
+	return r.takeAlsoLocked()
 }
 
 // failed records a late terminal verdict for r, or forgets r if err is
-// resendable.
-func (d *dedupe) failed(r *record, err error) {
+// resendable. It returns the other answer subjects owed the verdict.
+func (d *dedupe) failed(r *record, err error) []string {
 	if r == nil {
-		return
+		return nil
 	}
 	if verdict.IsResendable(err) {
-		d.forget(r)
-		return
+		return d.forget(r)
 	}
 	d.mu.Lock()
-	r.state, r.err = recFailed, err
-	d.mu.Unlock()
+	defer d.mu.Unlock()
+	if r.state != recForgotten {
+		r.state, r.err = recFailed, err
+	}
+	return r.takeAlsoLocked()
 }
 
 // responded records the response of request r, evicting the oldest kept
 // responses beyond the byte bound; a resendable failure forgets r instead.
-func (d *dedupe) responded(r *record, payload []byte, err error) {
+// It returns the other answer subjects owed the response (see also); a
+// duplicate that comes after it finds the recorded outcome instead.
+func (d *dedupe) responded(r *record, payload []byte, err error) []string {
 	if r == nil || !r.request {
-		return
+		return nil
 	}
 	if err != nil && verdict.IsResendable(err) {
-		d.forget(r) // e.g. its state could not be saved (fenced): a re-send runs again
-		return
+		return d.forget(r) // e.g. its state could not be saved (fenced): a re-send runs again
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	also := r.takeAlsoLocked()
 	if d.recs[r.id] != r {
-		return // left the window meanwhile
+		return also // left the window meanwhile
 	}
 	d.dropResponseLocked(r) // recorded again: the send failed
 	if len(payload) > d.maxBytes {
 		r.state = recRespGone
-		return
+		return also
 	}
 	r.state, r.payload, r.err = recResponded, payload, err
 	d.bytes += len(payload)
@@ -146,6 +161,15 @@ func (d *dedupe) responded(r *record, payload []byte, err error) {
 	if len(d.responses) == 0 {
 		d.responses = nil // let the backing array go
 	}
+	return also
+}
+
+// takeAlsoLocked returns and clears r's other answer subjects. Called with
+// d.mu held.
+func (r *record) takeAlsoLocked() []string {
+	also := r.alsoTo
+	r.alsoTo = nil
+	return also
 }
 
 // dropResponseLocked releases r's kept response. Called with d.mu held.
@@ -163,4 +187,34 @@ func (d *dedupe) outcomeOf(r *record) (state recState, payload []byte, err error
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return r.state, r.payload, r.err
+}
+
+// also notes, if r is a request still queued or running, that its answer
+// is owed to answerTo too (a duplicate from another sender: an outside
+// client re-sending through another ingress node while the first copy is
+// queued), and returns r's state. Deciding both under one lock means the
+// duplicate's sender gets the answer exactly once: either noted here before
+// the answer is recorded, or from the recorded outcome (outcomeOf; those
+// states are final) after. It reports whether answerTo is owed the answer;
+// false with state recAccepted means the bound (maxAlsoAnswer) was full or
+// the duplicate gave no answer subject.
+func (d *dedupe) also(r *record, answerTo string) (state recState, noted bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r.state != recAccepted || !r.request || answerTo == "" {
+		return r.state, false
+	}
+	if answerTo == r.answerTo {
+		return r.state, true // the same sender: the answer goes there once
+	}
+	for _, s := range r.alsoTo {
+		if s == answerTo {
+			return r.state, true
+		}
+	}
+	if len(r.alsoTo) >= maxAlsoAnswer {
+		return r.state, false
+	}
+	r.alsoTo = append(r.alsoTo, answerTo)
+	return r.state, true
 }

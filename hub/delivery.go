@@ -96,10 +96,9 @@ func (d *Delivery) Respond(payload []byte) error {
 	if !d.responded.CompareAndSwap(false, true) {
 		return ErrAlreadyResponded
 	}
-	// Recorded before it is sent: a duplicate that follows the response
-	// must find it.
-	d.host.dedupe.responded(d.rec, payload, nil)
-	err := d.host.sendAnswer(d.answerTo, d.ID, AnswerResponse, nil, payload, d.tr)
+	// Recorded before it is sent (sendResponse): a duplicate that follows
+	// the response must find it.
+	err := d.host.sendResponse(d, nil, payload)
 	if err != nil {
 		// The requester must still get its one answer: a Failed
 		// handler-error naming why the response could not be sent (for

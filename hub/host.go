@@ -396,7 +396,7 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 		}
 		// Remembered before it can be settled, so that a failure racing
 		// the enqueue finds the record to forget.
-		e.rec = h.dedupe.add(e.ID, e.expectResponse)
+		e.rec = h.dedupe.add(e.ID, e.expectResponse, e.answerTo)
 		err := a.enqueue(e)
 		if err != nil {
 			h.dedupe.forget(e.rec)
@@ -418,11 +418,33 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 // outcome recorded for it, without enqueuing it again: a request already
 // handled gets Accepted and its response again (to the duplicate's answer
 // subject), or verdict.ErrResponseGone once the response was dropped; a
-// delivery that failed late gets that failure; anything else Accepted
-// (still queued, or a plain delivery). Never Accepted followed by silence.
+// request still queued or running gets Accepted, and its answer goes to the
+// duplicate's answer subject too (a different sender's: bounded, past it
+// the duplicate is refused); a delivery that failed late gets that failure;
+// a plain delivery Accepted. Never Accepted followed by silence.
 func (h *Host) duplicate(m *nats.Msg, e *entry, r *record) {
-	h.dedupeHits.Add(1)
+	if r.request && e.expectResponse {
+		st, noted := h.dedupe.also(r, e.answerTo)
+		if st == recAccepted {
+			h.dedupeHits.Add(1)
+			if noted {
+				// Queued or running: its answer goes to this duplicate's
+				// answer subject too.
+				h.reply(m, nil)
+			} else {
+				h.refuse(m, verdict.New(verdict.ReasonInboxFull, "request %s is queued on %s and already owes its response to %d other senders", e.ID, h.nodeID, maxAlsoAnswer+1))
+			}
+			return
+		}
+	}
 	state, payload, err := h.dedupe.outcomeOf(r)
+	if state == recForgotten {
+		// Refused late with a resendable verdict since the lookup: the hub
+		// holds nothing of it, so this copy is accepted afresh.
+		h.dispatch(m, e)
+		return
+	}
+	h.dedupeHits.Add(1)
 	switch {
 	case state == recFailed:
 		h.reply(m, err)
@@ -436,7 +458,7 @@ func (h *Host) duplicate(m *nats.Msg, e *entry, r *record) {
 			h.log.Warn("response not re-sent", "id", e.ID, "err", serr)
 		}
 	default:
-		h.reply(m, nil) // queued or running: its response is still to come
+		h.reply(m, nil) // a plain delivery queued or running
 	}
 }
 
@@ -651,6 +673,24 @@ func (h *Host) refuse(m *nats.Msg, err error) {
 	h.reply(m, err)
 }
 
+// sendResponse records request d's response (or its failure) in the dedupe
+// window and publishes it to d's answer subject and to those of the
+// duplicates accepted meanwhile from other senders; it returns the error of
+// the publish to d's own answer subject.
+func (h *Host) sendResponse(d *Delivery, err error, payload []byte) error {
+	also := h.dedupe.responded(d.rec, payload, err)
+	for _, to := range also {
+		if serr := h.sendAnswer(to, d.ID, AnswerResponse, err, payload, d.tr); serr != nil {
+			// Still one answer for that sender: why it was not sent.
+			ferr := &verdict.Error{Reason: verdict.ReasonHandlerError, Message: fmt.Sprintf("response of %d bytes not sent: %v", len(payload), serr)}
+			if serr := h.sendAnswer(to, d.ID, AnswerResponse, ferr, nil, d.tr); serr != nil {
+				h.log.Warn("response not sent", "id", d.ID, "to", to, "err", serr)
+			}
+		}
+	}
+	return h.sendAnswer(d.answerTo, d.ID, AnswerResponse, err, payload, d.tr)
+}
+
 // sendAnswer publishes a late verdict or a response to an answer subject.
 //
 // tr holds the span context the answer continues (nil: tracing off).
@@ -670,8 +710,11 @@ func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte, tr *tr
 // sendLate publishes e's late verdict; for a request it says so
 // (HeaderExpectResponse), so that a sender no longer awaiting it counts it
 // as unmatched instead of reading it as a plain delivery's.
-func (h *Host) sendLate(e *entry, err error) error {
-	msg := &nats.Msg{Subject: e.answerTo, Header: nats.Header{}}
+func (h *Host) sendLate(e *entry, err error) error { return h.sendLateTo(e.answerTo, e, err) }
+
+// sendLateTo publishes e's late verdict to answer subject to.
+func (h *Host) sendLateTo(to string, e *entry, err error) error {
+	msg := &nats.Msg{Subject: to, Header: nats.Header{}}
 	msg.Header.Set(HeaderID, e.ID)
 	msg.Header.Set(HeaderAnswer, AnswerVerdict)
 	msg.Header.Set(HeaderAnswerToken, AnswerTokenOf(h.answerKey, e.ID))
@@ -691,7 +734,13 @@ func (h *Host) fail(e *entry, err error) {
 		return
 	}
 	e.err = err
-	h.dedupe.failed(e.rec, err) // a resendable failure forgets the ID: its re-send is accepted
+	also := h.dedupe.failed(e.rec, err) // a resendable failure forgets the ID: its re-send is accepted
+	for _, to := range also {
+		// Duplicates accepted from other senders while e was queued.
+		if serr := h.sendLateTo(to, e, err); serr != nil {
+			h.log.Warn("late verdict not sent", "id", e.ID, "to", to, "err", serr)
+		}
+	}
 	if e.replied.CompareAndSwap(false, true) {
 		return // the intake will send err as the reply
 	}

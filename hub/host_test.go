@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -139,12 +140,12 @@ func TestDedupeWindowEvicts(t *testing.T) {
 	seen := func(id string) bool { return d.lookup(id) != nil }
 	recs := map[string]*record{}
 	for _, id := range []string{"a", "b", "c"} {
-		recs[id] = d.add(id, true)
+		recs[id] = d.add(id, true, "")
 	}
 	if !seen("a") || !seen("c") {
 		t.Fatal("window lost a recent ID")
 	}
-	d.add("d", false)
+	d.add("d", false, "")
 	if seen("a") || !seen("b") || !seen("d") {
 		t.Error("window did not evict the oldest ID")
 	}
@@ -168,15 +169,15 @@ func TestDedupeWindowEvicts(t *testing.T) {
 		t.Errorf("d: %d %v", st, err)
 	}
 	// Forgetting an old record leaves a newer one of the same ID alone.
-	old := d.add("e", false)
+	old := d.add("e", false, "")
 	d.forget(old)
-	fresh := d.add("e", false)
+	fresh := d.add("e", false, "")
 	d.forget(old)
 	if d.lookup("e") != fresh {
 		t.Error("forgetting a stale record dropped the fresh one")
 	}
 	for range 1000 { // the response queue stays bounded by the window
-		r := d.add("x", true)
+		r := d.add("x", true, "")
 		d.responded(r, []byte("1"), nil)
 	}
 	if len(d.responses) > 12 {
@@ -195,5 +196,49 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "a", Generation: 1}, Prefix: "bad..prefix"}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("bad prefix: %v", err)
+	}
+}
+
+// TestDedupeAlsoAnswer: a queued request owes its answer to the other
+// senders of its duplicates, each once and bounded; the answer (response or
+// late failure) hands them over exactly once; after it, a duplicate reads
+// the recorded outcome instead.
+func TestDedupeAlsoAnswer(t *testing.T) {
+	for _, settle := range []string{"response", "terminal", "resendable"} {
+		d := newDedupe(8, 1<<10)
+		r := d.add("q", true, "mesh.v1.ans.x.a.1")
+		if st, noted := d.also(r, "mesh.v1.ans.x.a.1"); st != recAccepted || !noted {
+			t.Fatalf("same sender: %d %v", st, noted)
+		}
+		for i := range maxAlsoAnswer {
+			to := fmt.Sprintf("mesh.v1.ans.x.b%d.1", i)
+			if _, noted := d.also(r, to); !noted {
+				t.Fatalf("sender %d not noted", i)
+			}
+			if _, noted := d.also(r, to); !noted { // again: still once
+				t.Fatalf("sender %d again", i)
+			}
+		}
+		if _, noted := d.also(r, "mesh.v1.ans.x.over.1"); noted {
+			t.Fatal("noted past the bound")
+		}
+		var also []string
+		switch settle {
+		case "response":
+			also = d.responded(r, []byte("ok"), nil)
+		case "terminal":
+			also = d.failed(r, verdict.ErrActivationFailed)
+		case "resendable":
+			also = d.failed(r, verdict.ErrNotOwner)
+		}
+		if len(also) != maxAlsoAnswer {
+			t.Fatalf("%s: %d senders owed the answer, want %d", settle, len(also), maxAlsoAnswer)
+		}
+		if st, noted := d.also(r, "mesh.v1.ans.x.late.1"); noted || st == recAccepted {
+			t.Fatalf("%s: a duplicate after the answer was noted (%d)", settle, st)
+		}
+		if again := d.responded(r, nil, nil); len(again) != 0 {
+			t.Fatalf("%s: senders handed over twice", settle)
+		}
 	}
 }

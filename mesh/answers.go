@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 
@@ -16,7 +17,10 @@ import (
 // takes a late verdict or response only with that generation's token for
 // the delivery ID. Anything else — a forgery by someone who saw the
 // delivery, an answer from another generation — is dropped and counted
-// (ClientStats.ForgedAnswers).
+// (ClientStats.ForgedAnswers). An answer naming a generation whose key the
+// client has not learned yet is held (bounded) until an acceptance from that
+// generation teaches it: the first late verdict a generation sends can
+// overtake the acceptance reply that carries its key.
 
 // maxAnswerKeys bounds the answer keys a client keeps (one per node
 // generation that accepted one of its deliveries).
@@ -27,6 +31,101 @@ const maxAnswerKeys = 4096
 // different subscriptions).
 const maxEarlyAnswers = 4
 
+// maxHeldAnswers bounds the answers a client holds because it has not yet
+// learned the answer key of the generation they name: a late verdict can
+// overtake the acceptance reply that carries the key (they arrive on
+// different subscriptions), for the first delivery a generation accepts.
+const maxHeldAnswers = 256
+
+// heldAnswers holds answers naming a generation whose answer key is not
+// known yet, oldest first, until an acceptance teaches the key (then they
+// are dispatched again) or the bound pushes them out (then they count as
+// forged). Safe for concurrent use.
+type heldAnswers struct {
+	mu sync.Mutex
+	q  []*nats.Msg
+	n  atomic.Int32 // len(q), read without the lock on the hot path
+}
+
+// hold keeps m, which names node; the oldest held answer is dropped as
+// forged past the bound. An answer naming a generation known gone is
+// dropped as forged at once: no acceptance from it can teach its key now.
+func (c *Client) hold(m *nats.Msg, node subjects.NodeID) {
+	if c.knownGone(node) {
+		c.forgedAnswer(m, m.Header.Get(hub.HeaderID))
+		return
+	}
+	h := &c.held
+	h.mu.Lock()
+	var out *nats.Msg
+	if len(h.q) >= maxHeldAnswers {
+		out = h.q[0]
+		h.q = append(h.q[:0], h.q[1:]...)
+	}
+	h.q = append(h.q, m)
+	h.n.Store(int32(len(h.q)))
+	h.mu.Unlock()
+	if out != nil {
+		c.forgedAnswer(out, out.Header.Get(hub.HeaderID))
+	}
+}
+
+// learned records node's answer key from an acceptance reply and, if the
+// key is new and answers are held, dispatches again (on another goroutine:
+// the caller may hold a flight's lock) the held answers that name node.
+func (c *Client) learned(node subjects.NodeID, reply *nats.Msg) {
+	if c.keys.learn(node, reply) && c.held.n.Load() > 0 {
+		go c.release(node)
+	}
+}
+
+// knownGone reports whether this client knows generation node departed.
+func (c *Client) knownGone(node subjects.NodeID) bool {
+	c.fl.mu.Lock()
+	_, gone := c.fl.gone[node]
+	c.fl.mu.Unlock()
+	return gone || (c.opts.gone != nil && c.opts.gone(node))
+}
+
+// dropHeld drops the held answers naming departed generation node as
+// forged: they cannot be verified any more.
+func (c *Client) dropHeld(node subjects.NodeID) {
+	if c.held.n.Load() == 0 {
+		return
+	}
+	for _, m := range c.takeHeld(node) {
+		c.forgedAnswer(m, m.Header.Get(hub.HeaderID))
+	}
+}
+
+// release dispatches again the held answers that name node.
+func (c *Client) release(node subjects.NodeID) {
+	for _, m := range c.takeHeld(node) {
+		c.dispatchAnswer(m)
+	}
+}
+
+// takeHeld removes and returns the held answers that name node.
+func (c *Client) takeHeld(node subjects.NodeID) []*nats.Msg {
+	h := &c.held
+	want := node.String()
+	h.mu.Lock()
+	var mine []*nats.Msg
+	keep := h.q[:0]
+	for _, m := range h.q {
+		if m.Header.Get(verdict.HeaderNode) == want {
+			mine = append(mine, m)
+		} else {
+			keep = append(keep, m)
+		}
+	}
+	clear(h.q[len(keep):])
+	h.q = keep
+	h.n.Store(int32(len(h.q)))
+	h.mu.Unlock()
+	return mine
+}
+
 // answerKeys maps node generations to their answer keys. Safe for
 // concurrent use.
 type answerKeys struct {
@@ -34,10 +133,12 @@ type answerKeys struct {
 	m  map[subjects.NodeID]string
 }
 
-func (k *answerKeys) learn(node subjects.NodeID, reply *nats.Msg) {
+// learn records node's answer key from an acceptance reply; it reports
+// whether the key is new to k.
+func (k *answerKeys) learn(node subjects.NodeID, reply *nats.Msg) bool {
 	key := reply.Header.Get(hub.HeaderAnswerKey)
 	if key == "" {
-		return
+		return false
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -45,7 +146,7 @@ func (k *answerKeys) learn(node subjects.NodeID, reply *nats.Msg) {
 		k.m = map[subjects.NodeID]string{}
 	}
 	if old, ok := k.m[node]; ok && old == key {
-		return
+		return false
 	}
 	if len(k.m) >= maxAnswerKeys {
 		for n := range k.m { // evict an arbitrary generation
@@ -54,6 +155,7 @@ func (k *answerKeys) learn(node subjects.NodeID, reply *nats.Msg) {
 		}
 	}
 	k.m[node] = key
+	return true
 }
 
 func (k *answerKeys) get(node subjects.NodeID) string {

@@ -93,6 +93,7 @@ type Client struct {
 	calls      sync.WaitGroup
 
 	keys   answerKeys   // answer keys of accepting generations (answers.go)
+	held   heldAnswers  // answers that overtook their generation's key (answers.go)
 	forged atomic.Int64 // answers dropped by the binding
 
 	retries, accepted, failed atomic.Int64
@@ -639,7 +640,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 			f.phase = phaseWaiting // refused: the callee holds nothing
 			return true, verr
 		}
-		c.keys.learn(node, reply)
+		c.learned(node, reply)
 		accepted = f.request
 		if f.request {
 			f.phase = phaseAccepted

@@ -198,3 +198,107 @@ func TestDrainDeadlineFlushesLateVerdicts(t *testing.T) {
 		}
 	}
 }
+
+// TestDuplicateRequestWhileQueued: a Request re-sent by another sender (an
+// outside client re-sending through a second ingress node) while the first
+// copy is still queued or running is answered Accepted without a second
+// copy, and the one answer — the response, or the late verdict if the queue
+// is failed — reaches both senders. The duplicate lands at every position:
+// queued behind a running turn, and while its own turn runs.
+func TestDuplicateRequestWhileQueued(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	release := make(chan struct{})
+	running := make(chan string, 64)
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		if d.Type == "block" {
+			running <- d.ID
+			<-release
+		}
+		return d.Respond([]byte("re:" + d.ID))
+	}
+	res := StaticResolver{Node: n.ID()}
+	a := newClient(t, natstest.Connect(t, s), res)
+	b := newClient(t, natstest.Connect(t, s), res)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	type got struct {
+		resp Response
+		err  error
+	}
+	request := func(c *Client, d Delivery) <-chan got {
+		out := make(chan got, 1)
+		go func() {
+			r, err := c.Request(ctx, d)
+			out <- got{r, err}
+		}()
+		return out
+	}
+	hits := func() int64 { return n.Host().Stats().DedupeHits }
+	accepted := func() int64 { return n.Host().Stats().Accepted }
+
+	for round := range 20 {
+		queued := round%2 == 0 // else the duplicate arrives while its own turn runs
+		release = make(chan struct{})
+		id := fmt.Sprintf("dup-%d", round)
+		var head <-chan got
+		before := accepted()
+		if queued {
+			head = request(a, Delivery{To: "rec/q", ID: fmt.Sprintf("head-%d", round), Type: "block"})
+			<-running
+		}
+		typ := ""
+		if !queued {
+			typ = "block"
+		}
+		first := request(a, Delivery{To: "rec/q", ID: id, Type: typ})
+		if queued {
+			natstest.Eventually(t, 5*time.Second, func() bool { return accepted() >= before+2 }, "first copy accepted")
+		} else {
+			<-running
+		}
+		h0 := hits()
+		second := request(b, Delivery{To: "rec/q", ID: id, Type: typ})
+		natstest.Eventually(t, 5*time.Second, func() bool { return hits() > h0 }, "duplicate answered from the window")
+		close(release)
+		if head != nil {
+			if g := <-head; g.err != nil {
+				t.Fatal(g.err)
+			}
+		}
+		for name, ch := range map[string]<-chan got{"first": first, "duplicate": second} {
+			g := <-ch
+			if g.err != nil || string(g.resp.Payload) != "re:"+id {
+				t.Fatalf("round %d (queued %v), %s sender: %q %v", round, queued, name, g.resp.Payload, g.err)
+			}
+		}
+		if e := rec.executions(id); e != 1 {
+			t.Fatalf("round %d: handler ran %d times", round, e)
+		}
+	}
+
+	// A queue failed late: both senders get the one late verdict.
+	release = make(chan struct{})
+	head := request(a, Delivery{To: "rec/f", ID: "f-head", Type: "block"})
+	<-running
+	before := accepted()
+	first := request(a, Delivery{To: "rec/f", ID: "f-dup"})
+	natstest.Eventually(t, 5*time.Second, func() bool { return accepted() > before }, "first copy accepted")
+	h0 := hits()
+	second := request(b, Delivery{To: "rec/f", ID: "f-dup"})
+	natstest.Eventually(t, 5*time.Second, func() bool { return hits() > h0 }, "duplicate answered from the window")
+	done := make(chan struct{})
+	go func() { n.Host().Deactivate("rec/f"); close(done) }()
+	for name, ch := range map[string]<-chan got{"first": first, "duplicate": second} {
+		g := <-ch
+		if !errors.Is(g.err, verdict.ErrNotOwner) {
+			t.Errorf("%s sender of a queue failed late: %v, want the late not-owner", name, g.err)
+		}
+	}
+	close(release)
+	<-head
+	<-done
+	if e := rec.executions("f-dup"); e != 0 {
+		t.Errorf("failed delivery handled %d times", e)
+	}
+}

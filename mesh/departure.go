@@ -233,6 +233,7 @@ func (c *Client) FailNode(node subjects.NodeID, how string) {
 		}
 		f.mu.Unlock()
 	}
+	c.dropHeld(node) // its key can no longer arrive (answers.go)
 }
 
 // interruptAll records ev on every flight in flight.

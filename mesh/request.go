@@ -146,7 +146,8 @@ func (c *Client) awaitResponse(ctx context.Context, d *Delivery, f *flight, r Re
 // pending Request goes to that call only; a genuine one for a Request that
 // is no longer pending (or already answered) is counted
 // (ClientStats.Unmatched) and dropped; a late verdict of a Deliver goes to
-// WithLateVerdicts.
+// WithLateVerdicts — held first if it names a generation whose answer key is
+// not known yet (answers.go).
 func (c *Client) dispatchAnswer(m *nats.Msg) {
 	id := m.Header.Get(hub.HeaderID)
 	kind := m.Header.Get(hub.HeaderAnswer)
@@ -183,7 +184,13 @@ func (c *Client) dispatchAnswer(m *nats.Msg) {
 		c.unmatchedAnswer(m, id)
 		return
 	}
-	node, _ := subjects.ParseNodeID(m.Header.Get(verdict.HeaderNode))
+	node, perr := subjects.ParseNodeID(m.Header.Get(verdict.HeaderNode))
+	if perr == nil && c.keys.get(node) == "" {
+		// node's key is not known yet: its acceptance reply may still
+		// be on its way (answers.go).
+		c.hold(m, node)
+		return
+	}
 	if !c.genuine(m, id, node) {
 		c.forgedAnswer(m, id)
 		return
