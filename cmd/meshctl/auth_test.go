@@ -26,6 +26,7 @@ import (
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/profiles"
 )
 
 // pki is a CA with a server certificate for 127.0.0.1 and a client
@@ -242,4 +243,57 @@ func TestAuthTLSAndCreds(t *testing.T) {
 		}
 		wantCode(t, meshctl(t, nil, "", "--context", "../x", "nodes"), exitUsage)
 	})
+}
+
+// TestPermissionDeniedAtOnce: a meshctl command the NATS user's permission
+// profile does not allow fails with exit 2 naming the permissions violation
+// as soon as the server reports it — not after --timeout, and not blamed on
+// a silent node or a timeout (exit 4).
+func TestPermissionDeniedAtOnce(t *testing.T) {
+	m := profiles.Mesh{}
+	users := []profiles.User{
+		{User: "node", Password: "node-secret", Profile: profiles.Node(m)},
+		{User: "client", Password: "client-secret", Profile: profiles.Client(m)},
+		{User: "operator", Password: "operator-secret", Profile: profiles.Operator(m)},
+	}
+	conf, err := profiles.AccountsConf(m, users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := natstest.RunServer(t, natstest.WithConfig(conf))
+	nc := natstest.Connect(t, s, nats.UserInfo("node", "node-secret"), nats.CustomInboxPrefix(profiles.NodeInboxPrefix(m.Prefix)))
+	node, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "n1", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Register(hubs.EchoKind, hubs.Echo); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Close() })
+
+	as := func(user string, args ...string) result {
+		return meshctl(t, s, "", append([]string{"--user", user, "--password", user + "-secret", "--timeout", "60s"}, args...)...)
+	}
+	// Allowed: the operator lists nodes, the client sends through the ingress.
+	wantCode(t, as("operator", "nodes"), 0)
+	wantCode(t, as("client", "send", hubs.EchoKind+"/x", "hi"), 0)
+	for _, c := range []struct {
+		user string
+		args []string
+	}{
+		{"client", []string{"nodes"}},
+		{"client", []string{"hubs"}},
+		{"client", []string{"state", "get", "kv/settings"}},
+		{"client", []string{"drain", "n1"}},
+		{"operator", []string{"subscribe", "kv/settings", "--count", "1"}},
+	} {
+		r := as(c.user, c.args...)
+		wantCode(t, r, exitNoNATS)
+		if !strings.Contains(r.stderr, "permissions violation") {
+			t.Errorf("%s %v: %q does not name the permissions violation", c.user, c.args, r.stderr)
+		}
+	}
 }

@@ -31,7 +31,11 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 		// something to wait out.
 		nats.NoReconnect(),
 		nats.NoCallbacksAfterClientClose(),
-		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) && g.deny != nil {
+				g.deny(exitf(exitNoNATS, "%v: the NATS user of this meshctl may not do this (see SECURITY.md: meshctl needs the operator profile; subscribe needs the node profile)", err))
+			}
+		}),
 	}
 	switch {
 	case g.creds != "":

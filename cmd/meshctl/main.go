@@ -96,6 +96,13 @@ func runIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	if err == nil {
 		return exitOK
 	}
+	if cmd != nil && errors.Is(err, context.Canceled) && ctx.Err() == nil {
+		// Not interrupted: the command's context was ended with a cause
+		// (a permissions violation).
+		if cause := context.Cause(cmd.Context()); cause != nil && !errors.Is(cause, context.Canceled) {
+			err = cause
+		}
+	}
 	var ee *exitError
 	if errors.As(err, &ee) {
 		fmt.Fprintln(stderr, "meshctl: "+oneLine(ee.Error()))
@@ -161,6 +168,10 @@ type globals struct {
 
 	env            *envflag.Set
 	stdout, stderr io.Writer
+	// deny ends the running command's context with the cause given: set
+	// before the command runs, called by a connection's error handler on a
+	// permissions violation (conn.go).
+	deny context.CancelCauseFunc
 }
 
 func (g *globals) json() bool { return g.output == "json" }
@@ -278,6 +289,12 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 			if err := g.resolve(cmd.Flags()); err != nil {
 				return err
 			}
+			// A permissions violation reported by the server ends the
+			// command at once, naming it (conn.go), instead of leaving
+			// it to wait out --timeout for an answer that cannot come.
+			ctx, deny := context.WithCancelCause(cmd.Context())
+			cmd.SetContext(ctx)
+			g.deny = deny
 			return g.validate()
 		},
 	}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -110,8 +111,9 @@ the drain.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.name, "name", defaultName(), "node name, [A-Za-z0-9_-]{1,64}; the default is the host name")
-	f.StringVar(&o.prefix, "prefix", string(subjects.DefaultPrefix), "subject prefix")
+	o.name, o.prefix = defaultName(), string(subjects.DefaultPrefix)
+	f.Var(checked(&o.name, subjects.ValidateNodeName), "name", "node name, [A-Za-z0-9_-]{1,64}; the default is the host name")
+	f.Var(checked(&o.prefix, func(v string) error { return subjects.Prefix(v).Validate() }), "prefix", "subject prefix")
 	f.StringVar(&o.hubs, "hubs", strings.Join(hubs.Names(), ","), "comma-separated hub kinds to host")
 	f.StringVar(&o.natsURL, "nats-url", "", "join this external NATS cluster instead of running an embedded server; comma-separated URLs")
 	f.StringVar(&o.listen, "listen", daemon.DefaultListen, "embedded NATS server client address")
@@ -136,8 +138,15 @@ the drain.`,
 	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
 	f.DurationVar(&o.placementWait, "placement-wait", mesh.DefaultPlacementWait, "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement); 0 means the default")
 	f.BoolVar(&o.replace, "replace", false, "take the name over from a live node of the same name (it stands down and exits); without it meshd exits at once if its name is live")
-	f.StringVar(&o.logFormat, "log-format", "auto", "auto (text on a terminal, else JSON), text or json")
-	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	o.logFormat, o.logLevel = "auto", "info"
+	f.Var(checked(&o.logFormat, oneOf("auto", "text", "json")), "log-format", "auto (text on a terminal, else JSON), text or json")
+	f.Var(checked(&o.logLevel, func(v string) error {
+		var lv slog.Level
+		if lv.UnmarshalText([]byte(v)) != nil {
+			return errors.New("want debug, info, warn or error")
+		}
+		return nil
+	}), "log-level", "debug, info, warn or error")
 	env := envflag.New(f)
 	f.VisitAll(func(fl *pflag.Flag) {
 		env.Bind(fl.Name, "MESHD_"+strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_")))
@@ -158,6 +167,45 @@ the drain.`,
 }
 
 type usageError struct{ error }
+
+// checkedString is a string flag whose value check accepts: a bad value is
+// refused when it is set, so the error names where it came from (the flag,
+// or its MESHD_ variable through envflag).
+type checkedString struct {
+	p     *string
+	check func(string) error
+}
+
+func checked(p *string, check func(string) error) *checkedString {
+	return &checkedString{p: p, check: check}
+}
+
+func (c *checkedString) String() string {
+	if c.p == nil {
+		return ""
+	}
+	return *c.p
+}
+
+func (c *checkedString) Set(v string) error {
+	if err := c.check(v); err != nil {
+		return err
+	}
+	*c.p = v
+	return nil
+}
+
+func (c *checkedString) Type() string { return "string" }
+
+// oneOf checks that a value is one of want.
+func oneOf(want ...string) func(string) error {
+	return func(v string) error {
+		if slices.Contains(want, v) {
+			return nil
+		}
+		return fmt.Errorf("want %s", strings.Join(want, ", "))
+	}
+}
 
 func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(daemon.Info)) error {
 	logger, err := newLogger(o.logFormat, o.logLevel, stderr)

@@ -52,6 +52,8 @@ func TestEnvRejectedLikeFlags(t *testing.T) {
 		{"MESHD_DRAIN_TIMEOUT", "10"}, {"MESHD_DRAIN_TIMEOUT", "bogus"}, {"MESHD_DRAIN_TIMEOUT", ""},
 		{"MESHD_KV_REPLICAS", "three"}, {"MESHD_TTL", "zz"}, {"MESHD_HEARTBEAT", "1"},
 		{"MESHD_STANDALONE", "yes"}, {"MESHD_STANDALONE", "on"}, {"MESHD_PLACEMENT_WAIT", "2"},
+		{"MESHD_LOG_LEVEL", "loud"}, {"MESHD_LOG_FORMAT", "xml"}, {"MESHD_NAME", "bad.name"},
+		{"MESHD_NAME", ""}, {"MESHD_PREFIX", "a..b"}, {"MESHD_PREFIX", "mesh.*"},
 	} {
 		code, _, stderr := runMeshd(t, map[string]string{tc.key: tc.val}, "--http=", "--listen=127.0.0.1:0")
 		if code != 1 {

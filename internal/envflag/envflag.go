@@ -69,7 +69,10 @@ func (s *Set) Apply(lookup func(string) (string, bool)) error {
 	return nil
 }
 
-// hint explains what a flag of type typ wants.
+// hint explains what a flag of type typ wants: for the built-in types a
+// fixed phrase, else the parser's own reason without pflag's "invalid
+// argument ... for ... flag" wrapping, which would repeat the value and the
+// flag the message names already.
 func hint(typ string, err error) string {
 	switch typ {
 	case "duration":
@@ -79,5 +82,11 @@ func hint(typ string, err error) string {
 	case "int", "int64", "uint", "uint64":
 		return "want an integer"
 	}
-	return err.Error()
+	msg := err.Error()
+	if strings.HasPrefix(msg, "invalid argument ") {
+		if _, reason, ok := strings.Cut(msg, " flag: "); ok {
+			return reason
+		}
+	}
+	return msg
 }
