@@ -56,7 +56,7 @@ type NodeStatus struct {
 	Started    time.Time   `json:"started"`
 	Kinds      []string    `json:"kinds"`
 	Draining   bool        `json:"draining"`
-	Host       hub.Stats   `json:"host"`
+	Host       hub.Stats   `json:"host"` // counters across the node's generations; gauges and Node of the current one
 	Client     ClientStats `json:"client"`
 	Saturation Saturation  `json:"saturation"`
 	Ingress    int64       `json:"ingress"` // ingress messages taken
@@ -111,10 +111,7 @@ type DrainReply struct {
 func (n *Node) Status() NodeStatus {
 	kinds := n.kindNames()
 	slices.Sort(kinds)
-	var hs hub.Stats
-	if h := n.Host(); h != nil {
-		hs = h.Stats()
-	}
+	hs := n.hostStats()
 	return NodeStatus{
 		Node: n.ID().String(), Name: n.cfg.Name, Generation: n.ID().Generation,
 		Prefix: string(n.prefix), Version: Version, Build: buildinfo.Read().Short(), Started: n.started, Kinds: kinds,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -126,6 +127,7 @@ type Node struct {
 
 	mu      sync.RWMutex
 	inc     *session       // the current session: everything stamped with the generation
+	ended   hub.Stats      // the counters of the sessions that ended (addStats), so the node's never go back
 	state   hub.StateStore // durable hub state, opened at the first join
 	kinds   map[string]hub.Factory
 	running bool
@@ -213,6 +215,47 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 		n.inc = &session{id: id, host: h}
 	}
 	return n, nil
+}
+
+// addStats adds the cumulative counters of b to a (gauges are left alone:
+// they describe the current session only).
+func addStats(a *hub.Stats, b hub.Stats) {
+	a.Accepted += b.Accepted
+	a.DedupeHits += b.DedupeHits
+	a.Refused += b.Refused
+	a.Handled += b.Handled
+	a.Late += b.Late
+	a.Deactivated += b.Deactivated
+	a.ParkRefused += b.ParkRefused
+	a.BreakerRefusals += b.BreakerRefusals
+	for _, m := range []struct {
+		dst *map[string]int64
+		src map[string]int64
+	}{{&a.RefusedByReason, b.RefusedByReason}, {&a.LateByReason, b.LateByReason}} {
+		for k, v := range m.src {
+			if *m.dst == nil {
+				*m.dst = map[string]int64{}
+			}
+			(*m.dst)[k] += v
+		}
+	}
+}
+
+// hostStats returns the hub counters of the node across its sessions (each
+// rejoin starts a new host, whose own counters start at zero) and the
+// current session's gauges.
+func (n *Node) hostStats() hub.Stats {
+	n.mu.RLock()
+	total := n.ended
+	total.RefusedByReason, total.LateByReason = maps.Clone(total.RefusedByReason), maps.Clone(total.LateByReason)
+	inc := n.inc
+	n.mu.RUnlock()
+	if inc == nil {
+		return total
+	}
+	cur := inc.host.Stats()
+	addStats(&cur, total)
+	return cur
 }
 
 func (n *Node) current() *session {

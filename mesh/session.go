@@ -254,6 +254,7 @@ func (n *Node) fencing() {
 			cancel()
 			if err == nil {
 				n.mu.Lock()
+				addStats(&n.ended, inc.host.Stats()) // with the swap: Status counts it once
 				n.inc = next
 				n.mu.Unlock()
 				n.rejoins.Add(1)

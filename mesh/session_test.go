@@ -115,6 +115,15 @@ func TestRejoinStartsNewSession(t *testing.T) {
 	if r, err := n.Deliver(context.Background(), Delivery{To: "rec/x"}); err != nil || r.Node != n.ID() {
 		t.Fatalf("after the rejoin: %+v %v", r, err)
 	}
+	// The node's counters span its sessions: they never go back at a
+	// rejoin (a Prometheus counter must not reset while the process lives).
+	st := n.Status().Host
+	if st.Accepted != 2 || st.Node != n.ID() {
+		t.Errorf("after a rejoin the node counts %d accepted (node %s), want 2 across both sessions", st.Accepted, st.Node)
+	}
+	if st.Deactivated < 1 {
+		t.Errorf("the old session's deactivation is not counted: %+v", st)
+	}
 }
 
 // collectInfo gathers the metadata of every natsmesh micro service that
