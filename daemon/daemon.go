@@ -412,6 +412,9 @@ func Run(ctx context.Context, cfg Config) error {
 		defer httpLn.Close()
 		info.HTTPAddr = httpLn.Addr().String()
 	}
+	if !cfg.Standalone {
+		log.Info("joining the mesh", "name", cfg.Name, "nats", info.NATSURL)
+	}
 	if err := node.Start(); err != nil {
 		if errors.Is(err, membership.ErrNameInUse) {
 			return fmt.Errorf("daemon: %w", err)

@@ -26,12 +26,10 @@ var chaosDuration = flag.Duration("chaos", 8*time.Second, "how long TestClusterC
 // finds intermittently is known and not yet fixed (the why names it; the
 // open issue tracks it), and runs it whenever -chaos is given:
 //
-//	go test ./integration -run TestClusterDurableChaos -v -args -chaos=2m
+//	go test ./integration -run TestScenarioKillRegistryLeader -v -args -chaos=2m
 func onlyWithChaosFlag(t *testing.T, why string) {
 	t.Helper()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "chaos" })
-	if !set {
+	if !chaosFlagSet() {
 		t.Skipf("known intermittent failure, runs with -chaos: %s", why)
 	}
 }

@@ -265,3 +265,71 @@ func (c *Cluster) WaitReady(t testing.TB) {
 		}
 	}
 }
+
+// LogJetStream logs each running server's view of JetStream from its
+// monitoring endpoint (/jsz): the meta leader and, per stream, its leader,
+// last sequence and replicas (current, lag, offline, last active). Tests
+// call it when they fail, to show the NATS side of a stuck node.
+func (c *Cluster) LogJetStream(t testing.TB) {
+	t.Helper()
+	type replica struct {
+		Name    string        `json:"name"`
+		Current bool          `json:"current"`
+		Offline bool          `json:"offline"`
+		Active  time.Duration `json:"active"`
+		Lag     uint64        `json:"lag"`
+	}
+	var jsz struct {
+		Meta *struct {
+			Leader string `json:"leader"`
+		} `json:"meta_cluster"`
+		Accounts []struct {
+			Name    string `json:"name"`
+			Streams []struct {
+				Name    string `json:"name"`
+				Cluster *struct {
+					Leader   string    `json:"leader"`
+					Replicas []replica `json:"replicas"`
+				} `json:"cluster"`
+				State struct {
+					LastSeq uint64 `json:"last_seq"`
+				} `json:"state"`
+			} `json:"stream_detail"`
+		} `json:"account_details"`
+	}
+	client := &http.Client{Timeout: 2 * time.Second}
+	for _, s := range c.servers {
+		if s.NATSServer == nil {
+			t.Logf("jsz %s: not running", s.Name)
+			continue
+		}
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/jsz?accounts=true&streams=true", s.MonitorPort))
+		if err != nil {
+			t.Logf("jsz %s: %v", s.Name, err)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		jsz.Meta, jsz.Accounts = nil, nil
+		if err := jsonUnmarshal(b, &jsz); err != nil {
+			t.Logf("jsz %s: %v", s.Name, err)
+			continue
+		}
+		var sb strings.Builder
+		if jsz.Meta != nil {
+			fmt.Fprintf(&sb, "meta leader %s", jsz.Meta.Leader)
+		}
+		for _, a := range jsz.Accounts {
+			for _, st := range a.Streams {
+				fmt.Fprintf(&sb, "\n  %s/%s last_seq %d", a.Name, st.Name, st.State.LastSeq)
+				if cl := st.Cluster; cl != nil {
+					fmt.Fprintf(&sb, " leader %q", cl.Leader)
+					for _, r := range cl.Replicas {
+						fmt.Fprintf(&sb, "; %s current=%v offline=%v lag=%d active=%v", r.Name, r.Current, r.Offline, r.Lag, r.Active)
+					}
+				}
+			}
+		}
+		t.Logf("jsz %s: %s", s.Name, sb.String())
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/natsmesh/natsmesh/mesh"
 )
 
 // Binaries are the paths of the built programs.
@@ -102,6 +104,7 @@ type Process struct {
 func Start(t testing.TB, bin string, args ...string) *Process {
 	t.Helper()
 	p := &Process{Cmd: exec.Command(bin, args...), lines: make(chan string, 4096), done: make(chan struct{})}
+	p.Cmd.Env = append(os.Environ(), "GOTRACEBACK=all") // a SIGQUIT dumps every goroutine
 	outR, err := p.Cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +163,14 @@ func (p *Process) WaitLine(t testing.TB, re *regexp.Regexp, timeout time.Duratio
 		case <-p.done:
 			t.Fatalf("process exited (%v) before printing %v\nstdout:\n%s\nstderr:\n%s", p.err, re, p.Stdout(), p.Stderr())
 		case <-deadline:
-			t.Fatalf("no line matching %v in %v\nstdout:\n%s\nstderr:\n%s", re, timeout, p.Stdout(), p.Stderr())
+			// Ask a Go program where it is stuck: SIGQUIT makes it print
+			// every goroutine's stack (GOTRACEBACK=all, set by Start) and exit.
+			_ = p.Signal(syscall.SIGQUIT)
+			select {
+			case <-p.done:
+			case <-time.After(5 * time.Second):
+			}
+			t.Fatalf("no line matching %v in %v (sent SIGQUIT for a stack dump)\nstdout:\n%s\nstderr:\n%s", re, timeout, p.Stdout(), p.Stderr())
 		}
 	}
 }
@@ -313,7 +323,9 @@ func StartTestNode(t testing.TB, args ...string) *Meshd {
 func startNode(t testing.TB, bin string, args ...string) *Meshd {
 	t.Helper()
 	p := Start(t, bin, args...)
-	m := p.WaitLine(t, servingRe, 30*time.Second)
+	// Longer than a node's own bound on joining, so that a node that cannot
+	// join is seen saying why rather than cut short.
+	m := p.WaitLine(t, servingRe, mesh.DefaultStartTimeout+15*time.Second)
 	md := &Meshd{Process: p, Node: m[1], NATSURL: m[2]}
 	// The log line naming the HTTP address precedes the serving line, but on
 	// the other pipe: poll for it.

@@ -175,7 +175,7 @@ func (n *Node) openState(ctx context.Context) error {
 		replicas = mc.Replicas
 	}
 	var st *hubstate.Store
-	err := membership.Retry(ctx, func() (err error) {
+	err := membership.RetryEach(ctx, n.cfg.Logger, "bind the durable state bucket "+hubstate.BucketName(n.prefix), func(ctx context.Context) (err error) {
 		st, err = hubstate.Open(ctx, hubstate.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, MaxValueSize: mc.StateMaxValueSize})
 		return err
 	})

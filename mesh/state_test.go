@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -395,4 +396,74 @@ func TestStateBatchedSaves(t *testing.T) {
 		t.Errorf("%d saves for %d increments: nothing batched", saves, total-1)
 	}
 	t.Logf("%d increments by %d callers in %d saves", total-1, callers, saves)
+}
+
+// TestStateRememberedIncrement: with counterhub's Remember, an increment
+// re-sent under its delivery ID — to the same activation, or to a
+// successor after the address moved — is answered the value it got, and
+// the stored counter counts it once; the state keeps only the last
+// Remember IDs.
+func TestStateRememberedIncrement(t *testing.T) {
+	s := natstest.RunServer(t)
+	o := counterhub.Options{Remember: 3}
+	a := stateNode(t, s, "a", fastMembership, o)
+	b := stateNode(t, s, "b", fastMembership, o)
+	waitMembers(t, 2, a, b)
+	const addr = "ctr/remembered"
+	send := func(id, typ string) uint64 {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := a.Client.Request(ctx, Delivery{ID: id, To: addr, Type: typ})
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		v, err := strconv.ParseUint(string(r.Payload), 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %q", id, r.Payload)
+		}
+		return v
+	}
+	stored := func() uint64 {
+		t.Helper()
+		v, err := counterhub.Value(storedRecord(t, s, addr).Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	var n uint64
+	for round := range 4 {
+		ids := make([]string, 3)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("r%d-%d", round, i)
+			if v := send(ids[i], counterhub.Inc); v != n+uint64(i)+1 {
+				t.Fatalf("round %d: %s = %d, want %d", round, ids[i], v, n+uint64(i)+1)
+			}
+		}
+		for move := range 2 {
+			for i, id := range ids {
+				if v := send(id, counterhub.Inc); v != n+uint64(i)+1 {
+					t.Fatalf("round %d move %d: re-sent %s = %d, want %d", round, move, id, v, n+uint64(i)+1)
+				}
+			}
+			if v := stored(); v != n+3 {
+				t.Fatalf("round %d move %d: stored %d, want %d", round, move, v, n+3)
+			}
+			// Move it: the next delivery activates it afresh (a takeover).
+			epoch := storedRecord(t, s, addr).Epoch
+			for _, nd := range []*Node{a, b} {
+				nd.Host().Deactivate(addr)
+			}
+			natstest.Eventually(t, 10*time.Second, func() bool {
+				return send(fmt.Sprintf("get-%d-%d-%d", round, move, time.Now().UnixNano()), counterhub.Get) == n+3 &&
+					storedRecord(t, s, addr).Epoch > epoch
+			}, "a new activation")
+		}
+		n += 3
+	}
+	// The state keeps the last 3 increments' IDs, no more.
+	if d := storedRecord(t, s, addr).Data; strings.Count(string(d), "\n") != 3 {
+		t.Fatalf("stored state %q: want the counter and 3 IDs", d)
+	}
 }

@@ -134,7 +134,7 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 		return nil, err
 	}
 	var kv jetstream.KeyValue
-	err = membership.Retry(ctx, func() (err error) {
+	err = membership.RetryEach(ctx, cfg.Logger, "bind the address directory bucket "+BucketName(cfg.Prefix), func(ctx context.Context) (err error) {
 		kv, err = membership.BindOrCreate(ctx, js, jetstream.KeyValueConfig{
 			Bucket:      BucketName(cfg.Prefix),
 			Description: "natsmesh address directory",

@@ -380,7 +380,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 		return nil, err
 	}
 	var kv jetstream.KeyValue
-	err = Retry(ctx, func() (err error) {
+	err = RetryEach(ctx, cfg.Logger, "bind the node registry bucket "+BucketName(cfg.Prefix), func(ctx context.Context) (err error) {
 		kv, err = OpenBucket(ctx, js, cfg.Prefix, cfg.TTL, cfg.Replicas)
 		return err
 	})
@@ -662,6 +662,37 @@ func Retry(ctx context.Context, op func() error) error {
 		}
 		wait = min(2*wait, time.Second)
 	}
+}
+
+// AttemptTimeout bounds one attempt of RetryEach. JetStream's servers do
+// not refuse an API request for a stream they believe has a leader
+// elsewhere: while that leader is being elected, or is catching up after a
+// server restart, nobody answers and the request waits for its deadline. A
+// bound per attempt makes such a request cost one attempt, not the caller's
+// whole deadline (a node's start).
+const AttemptTimeout = 5 * time.Second
+
+// RetryEach is Retry with each attempt given its own ctx, bounded by
+// AttemptTimeout within ctx. While it keeps failing it logs what it waits
+// for (what, the attempt count and the last error) on log, at most every
+// two seconds, so a node that cannot start says why; log may be nil.
+func RetryEach(ctx context.Context, log *slog.Logger, what string, op func(ctx context.Context) error) error {
+	return retryEach(ctx, AttemptTimeout, log, what, op)
+}
+
+func retryEach(ctx context.Context, per time.Duration, log *slog.Logger, what string, op func(ctx context.Context) error) error {
+	start, logged, attempts := time.Now(), time.Time{}, 0
+	return Retry(ctx, func() error {
+		attempts++
+		actx, cancel := context.WithTimeout(ctx, per)
+		err := op(actx)
+		cancel()
+		if err != nil && log != nil && transient(err) && time.Since(logged) >= 2*time.Second {
+			logged = time.Now()
+			log.Warn("waiting for JetStream: "+what, "attempts", attempts, "waited", time.Since(start).Round(time.Millisecond).String(), "err", err)
+		}
+		return err
+	})
 }
 
 func transient(err error) bool {
