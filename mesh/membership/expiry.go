@@ -11,12 +11,17 @@ import (
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
-// registryClock measures time during which the registry took writes: it
-// advances by one tick per tick interval only if some write (this node's
-// heartbeat, or any fresh entry another node wrote) was seen within the
-// last clockSlack. Silence is measured on it, so a registry without a
-// leader (no heartbeat of anyone is taken) or this node's own lost link
-// (it sees nobody's) stops every member's silence from growing.
+// registryClock measures time during which the registry took writes and
+// this node saw them: it advances by one tick per tick interval only if a
+// fresh write (any node's heartbeat, this node's own included) was
+// delivered by this node's registry watcher within the last slack.
+// Silence is measured on it, so a registry without a leader (no heartbeat
+// of anyone is taken), this node's own lost link (it sees nobody's) and a
+// blind watcher (its consumer lived on a NATS server that died: this
+// node's heartbeats succeed, but it sees no one's, its own included) all
+// stop every member's silence from growing. A write this node made counts
+// only once its watcher delivers it: its success alone does not show that
+// the others' writes would have been seen.
 type registryClock struct {
 	mu        sync.Mutex
 	t         time.Duration // registry time
@@ -60,6 +65,7 @@ func (m *Membership) expiry() {
 		case <-t.C:
 		}
 		now := m.clock.tick(every, slack)
+		m.checkBlind()
 		self := m.Self().Node
 		var silent []subjects.NodeID
 		m.mu.RLock()
@@ -74,6 +80,62 @@ func (m *Membership) expiry() {
 				m.remove(n)
 			}
 		}
+	}
+}
+
+// seen records that the watcher delivered revision rev and reports
+// whether it is newer than any it delivered before (a new write, not a
+// re-watch's replay).
+func (m *Membership) seen(rev uint64) bool {
+	for {
+		cur := m.seenRev.Load()
+		if rev <= cur {
+			return false
+		}
+		if m.seenRev.CompareAndSwap(cur, rev) {
+			return true
+		}
+	}
+}
+
+// wroteOwn records a successful write of this node's entry at rev. The
+// lag starts at the oldest own write the watcher has not delivered.
+func (m *Membership) wroteOwn(rev uint64) {
+	if m.seenRev.Load() >= m.ownRev.Load() {
+		m.ownRevAt.Store(time.Now().UnixNano())
+	}
+	m.ownRev.Store(rev)
+}
+
+// blindAfter is how long the watcher may lag this node's own successful
+// write before it is judged blind and restarted.
+func (m *Membership) blindAfter() time.Duration {
+	return 2*m.cfg.Heartbeat + 500*time.Millisecond
+}
+
+// checkBlind restarts the registry watcher when it has not delivered this
+// node's own write for blindAfter: its consumer is gone (it lived on a NATS
+// server that died; nats.go would notice only after two missed idle
+// heartbeats, 10–20 s). Meanwhile the registry clock stands still (see
+// registryClock), so nobody is expired for what a blind watcher missed.
+func (m *Membership) checkBlind() {
+	own := m.ownRev.Load()
+	if own == 0 || m.seenRev.Load() >= own {
+		return
+	}
+	at := m.ownRevAt.Load()
+	if time.Since(time.Unix(0, at)) < m.blindAfter() {
+		return
+	}
+	if !m.ownRevAt.CompareAndSwap(at, time.Now().UnixNano()) {
+		return
+	}
+	select {
+	case m.rewatch <- struct{}{}:
+		m.rewatches.Add(1)
+		m.log.Info("the registry watcher has not delivered this node's own heartbeat; watching afresh",
+			"own_revision", own, "seen_revision", m.seenRev.Load())
+	default:
 	}
 }
 

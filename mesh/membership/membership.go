@@ -17,9 +17,11 @@
 // departure): what was in flight to that node may be lost in transit and is
 // re-sent.
 //
-// Silence is measured on a registry clock that runs only while the registry
-// takes writes (this node's heartbeats succeed or other nodes' heartbeats
-// arrive): nothing is expired for silence while the registry had no leader.
+// Silence is measured on a registry clock that runs only while this node's
+// registry watcher delivers fresh writes (any node's heartbeats, its own
+// included): nothing is expired for silence while the registry had no
+// leader, nor by a node whose watcher is blind (its consumer died with a
+// NATS server; it is restarted once it lags the node's own heartbeat).
 // The bucket's own MaxAge is only a backstop (BackstopFactor × TTL).
 //
 // Generations are strictly increasing per name: a node registers with
@@ -285,6 +287,17 @@ type Membership struct {
 	confirmed uint64 // connection reconnect count at the last good heartbeat
 
 	clock registryClock
+	// The watcher's progress against this node's own writes: seenRev is
+	// the highest revision the watcher delivered, ownRev the revision of
+	// this node's last successful write and ownRevAt (unix ns) when the
+	// oldest own write the watcher has not delivered succeeded. A watcher that lags its own node's writes is blind (its
+	// consumer died with a NATS server) and is restarted (expiry.go).
+	seenRev  atomic.Uint64
+	ownRev   atomic.Uint64
+	ownRevAt atomic.Int64
+	rewatch  chan struct{}
+	// rewatches counts watcher restarts for blindness.
+	rewatches atomic.Int64
 
 	lost      chan struct{}
 	lostOnce  sync.Once
@@ -309,6 +322,7 @@ type Membership struct {
 type liveMember struct {
 	Member
 	seen time.Duration // registry clock at its last entry write
+	rev  uint64        // the revision of that write
 }
 
 // OpenBucket creates or binds the registry bucket: memory storage, the
@@ -405,7 +419,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 		cfg: cfg, log: cfg.Logger, kv: kv,
 		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{},
 		listeners: map[int]func(Event){},
-		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1),
+		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1), rewatch: make(chan struct{}, 1),
 		ctx: mctx, cancel: cancel, joinedAt: time.Now(),
 	}
 	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC(), Subscriber: cfg.Subscriber}
@@ -530,11 +544,15 @@ type Stats struct {
 	// Overwritten counts times this node found its own entry overwritten
 	// by another writer without a newer generation (and rewrote it).
 	Overwritten int64 `json:"overwritten"`
+	// WatcherRestarts counts restarts of this node's registry watcher
+	// after it failed to deliver this node's own heartbeat in time (its
+	// consumer was lost with a NATS server).
+	WatcherRestarts int64 `json:"watcher_restarts"`
 }
 
 // Stats returns the counters. Safe for concurrent use.
 func (m *Membership) Stats() Stats {
-	return Stats{InvalidEntries: m.invalid.Load(), Overwritten: m.foreign.Load()}
+	return Stats{InvalidEntries: m.invalid.Load(), Overwritten: m.foreign.Load(), WatcherRestarts: m.rewatches.Load()}
 }
 
 // parse reads a registry entry: false (counted, logged at the first and
@@ -638,7 +656,7 @@ func (m *Membership) register(ctx context.Context) error {
 		m.mu.Lock()
 		m.rev, m.confirmed = rev, confirmed
 		m.mu.Unlock()
-		m.clock.wrote()
+		m.wroteOwn(rev)
 		return nil
 	}
 	return fmt.Errorf("membership: register %q: too many concurrent registrations", name)
@@ -933,6 +951,9 @@ func (m *Membership) watch() {
 			}
 			continue
 		}
+		// Revisions are compared within one watch: a registry created
+		// afresh numbers its entries from 1 again.
+		m.seenRev.Store(0)
 		m.follow(w)
 		_ = w.Stop()
 	}
@@ -943,6 +964,8 @@ func (m *Membership) follow(w jetstream.KeyWatcher) {
 		select {
 		case <-m.ctx.Done():
 			return
+		case <-m.rewatch:
+			return // blind: watch afresh
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
@@ -958,6 +981,8 @@ func (m *Membership) follow(w jetstream.KeyWatcher) {
 
 func (m *Membership) apply(e jetstream.KeyValueEntry) {
 	name := e.Key()
+	rev := e.Revision()
+	fresh := m.seen(rev)
 	if m.leaving.Load() && name == m.cfg.Name {
 		return
 	}
@@ -967,16 +992,22 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		if !ok {
 			return
 		}
-		if time.Since(v.BeatAt) < m.cfg.TTL {
-			m.clock.wrote() // a fresh write: the registry takes writes
+		if fresh && time.Since(v.BeatAt) < m.cfg.TTL {
+			// A fresh write seen through the watcher: the registry takes
+			// writes and this node's view of it is current (the watcher
+			// delivers in stream order, so every earlier write was seen).
+			m.clock.wrote()
 		}
 		now := m.clock.now()
 		m.mu.Lock()
 		old, had := m.live[name]
 		switch {
+		case had && old.Node == v.Node && old.rev == rev:
+			m.mu.Unlock()
+			return // the same write again (a re-watch replays the entries)
 		case had && old.Node == v.Node:
 			moved := old.ClientID != v.ClientID || old.ServerID != v.ServerID
-			m.live[name] = &liveMember{Member: v, seen: now} // a heartbeat
+			m.live[name] = &liveMember{Member: v, seen: now, rev: rev} // a heartbeat
 			m.mu.Unlock()
 			if moved && old.ClientID != 0 {
 				m.emit(Event{Type: Moved, Member: v, At: time.Now(), Reason: "heartbeat from a new connection"})
@@ -995,7 +1026,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.depart(old.Node, Superseded, v.Started, "")
 		}
 		m.mu.Lock()
-		m.live[name] = &liveMember{Member: v, seen: now}
+		m.live[name] = &liveMember{Member: v, seen: now, rev: rev}
 		m.mu.Unlock()
 		m.emit(Event{Type: Joined, Member: v, At: time.Now()})
 	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
@@ -1126,7 +1157,7 @@ func (m *Membership) beat() error {
 	m.mu.Lock()
 	m.self, m.rev, m.confirmed = self, nrev, reconnects
 	m.mu.Unlock()
-	m.clock.wrote()
+	m.wroteOwn(nrev)
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -269,5 +270,62 @@ func TestMovedNoticeOnReconnect(t *testing.T) {
 	w.mu.RUnlock()
 	if cid != after {
 		t.Errorf("the view records client %d, want the new connection's %d", cid, after)
+	}
+}
+
+// TestBlindWatcherExpiresNobody: a node whose registry watcher is cut off
+// (its consumer lived on a NATS server that died: nats.go notices only
+// after two missed idle heartbeats, 10–20 s) while its own heartbeats
+// succeed does not see the others' heartbeats; it must not count that as
+// their silence. Nobody is expired, nobody's registration is lost.
+func TestBlindWatcherExpiresNobody(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	a := join(t, natstest.Connect(t, s), "a", Config{})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	st, err := js.Stream(ctx, "KV_"+BucketName(subjects.DefaultPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for n := range st.ConsumerNames(ctx).Name() {
+		names = append(names, n)
+	}
+	if len(names) != 1 {
+		t.Fatalf("consumers of the registry: %v, want a's watcher only", names)
+	}
+	b := join(t, natstest.Connect(t, s), "b", Config{})
+	natstest.Eventually(t, 5*time.Second, func() bool { return a.Alive(b.Self().Node) }, "a sees b")
+	var rec recorder
+	a.OnEvent(rec.add)
+	if err := st.DeleteConsumer(ctx, names[0]); err != nil {
+		t.Fatal(err)
+	}
+	// Many TTLs (400 ms) of a's own heartbeats succeeding, blind.
+	beat := a.Self().Beat
+	natstest.Eventually(t, 10*time.Second, func() bool { return a.Self().Beat >= beat+25 }, "a heartbeats")
+	if e, ok := rec.find(Expired, b.Self().Node); ok {
+		t.Fatalf("a, whose watcher was cut off, expired b: %+v", e)
+	}
+	if b.IsLost() || a.IsLost() {
+		t.Fatalf("a registration was lost (a %v, b %v)", a.IsLost(), b.IsLost())
+	}
+	// The blind watcher is restarted: a follows b's heartbeats again.
+	seenBeat := func() uint64 {
+		a.mu.RLock()
+		defer a.mu.RUnlock()
+		if v, ok := a.live["b"]; ok {
+			return v.Beat
+		}
+		return 0
+	}
+	bb := b.Self().Beat
+	natstest.Eventually(t, 10*time.Second, func() bool { return seenBeat() >= bb }, "a sees b's heartbeats again")
+	if a.Stats().WatcherRestarts == 0 {
+		t.Error("the blind watcher was not restarted")
 	}
 }
