@@ -552,28 +552,26 @@ func (c *Client) answered(f *flight) (subjects.NodeID, bool) {
 // Request's flight stays indexed under node, in phaseAccepted; otherwise
 // the flight leaves the index.
 func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *flight, node subjects.NodeID, attempt int, t *laneTicket) (published bool, _ error) {
-	msg := &nats.Msg{
-		Subject: c.cfg.Prefix.Delivery(node, d.To, d.Stream),
-		Data:    d.Payload,
-		Header:  make(nats.Header, 8),
-	}
-	h := msg.Header
-	h[hub.HeaderID] = []string{d.ID}
+	lm := getLegMsg()
+	defer putLegMsg(lm)
+	lm.msg.Subject = c.cfg.Prefix.Delivery(node, d.To, d.Stream)
+	lm.msg.Data = d.Payload
+	lm.set(hdrID, d.ID)
 	if attempt > 1 {
-		h[hub.HeaderAttempt] = []string{strconv.Itoa(attempt)}
+		lm.set(hdrAttempt, strconv.Itoa(attempt))
 	}
-	h[hub.HeaderAnswerTo] = []string{c.answerTo}
+	lm.set(hdrAnswerTo, c.answerTo)
 	if d.Type != "" {
-		h[hub.HeaderType] = []string{d.Type}
+		lm.set(hdrType, d.Type)
 	}
 	if d.From != "" {
-		h[hub.HeaderFrom] = []string{string(d.From)}
+		lm.set(hdrFrom, string(d.From))
 	}
 	if f.request {
-		h[hub.HeaderExpectResponse] = []string{"true"}
+		lm.set(hdrExpectResponse, "true")
 	}
 	if c.opts.tracer != nil {
-		meshtrace.Inject(ctx, h) // the delivery's span: the same across its attempts
+		meshtrace.Inject(ctx, lm.msg.Header) // the delivery's span: the same across its attempts
 	}
 	c.address(f, node, phaseWaiting, true)
 	accepted := false
@@ -590,19 +588,17 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 			return false, err
 		}
 	}
-	legEnd := time.Now().Add(c.opts.legTimeout)
-	if legEnd.After(deadline) {
-		legEnd = deadline
-	}
+	legTimeout := min(c.opts.legTimeout, time.Until(deadline))
 	f.mu.Lock()
 	if err := f.causeLocked(); err != nil {
 		f.mu.Unlock()
 		<-c.sem
 		return false, err
 	}
-	legCtx, cancel := context.WithDeadline(ctx, legEnd)
-	defer cancel()
-	f.phase, f.cancel = phaseSent, cancel
+	// An event (departure, link drop, closing) ends the wait for the reply
+	// through f.wake: no per-leg context.
+	f.phase, f.cancel = phaseSent, nil
+	wake := f.wake
 	f.mu.Unlock()
 
 	n := c.inFlight.Add(1)
@@ -610,22 +606,13 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	}
 	c.observeInFlight(n)
 	w := c.replies.register()
-	msg.Reply = w.subject
-	err := c.publishInLane(t, func(lane string) error {
-		h[hub.HeaderLane] = []string{lane}
-		return c.cfg.Conn.PublishMsg(msg)
-	})
+	lm.msg.Reply = w.subject
+	w.timer.Reset(legTimeout) // the leg's own timeout, on the slot's pooled timer
+	err := c.publishInLane(t, lm)
 	var reply *nats.Msg
 	if err == nil {
 		published = true
-		select {
-		case reply = <-w.ch:
-			if reply.Header.Get("Status") == "503" && len(reply.Data) == 0 {
-				reply, err = nil, nats.ErrNoResponders
-			}
-		case <-legCtx.Done():
-			err = legCtx.Err()
-		}
+		reply, err = c.awaitReply(ctx, f, w, wake)
 	}
 	c.replies.forget(w)
 	c.observeInFlight(c.inFlight.Add(-1))
@@ -633,7 +620,6 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.cancel = nil
 	if err == nil {
 		// The reply is the fact, whatever else happened meanwhile.
 		if _, verr := verdict.Decode(reply.Header); verr != nil {
@@ -672,6 +658,46 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 		return false, payloadTooLarge(len(d.Payload), c.cfg.Conn.MaxPayload())
 	}
 	return published, err // a timeout (the callee may hold it), the caller's cancellation, no responders
+}
+
+// awaitReply waits for the reply to a published leg: the reply (NATS no
+// responders as nats.ErrNoResponders), or context.DeadlineExceeded when
+// w's timer (the leg timeout) fires, or ctx's error, or context.Canceled
+// when an event is recorded on f (wake closed; the caller reads the event's
+// verdict under f.mu). A reply already there when an event is recorded is
+// the fact.
+func (c *Client) awaitReply(ctx context.Context, f *flight, w *legWait, wake <-chan struct{}) (*nats.Msg, error) {
+	for {
+		select {
+		case m := <-w.ch:
+			return replyOf(m)
+		case <-wake:
+			f.mu.Lock()
+			ev := f.ev
+			f.mu.Unlock()
+			if ev == evNone {
+				wake = nil // woken by an answer, not an event: the reply is still awaited
+				continue
+			}
+			select {
+			case m := <-w.ch:
+				return replyOf(m)
+			default:
+			}
+			return nil, context.Canceled
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-w.timer.C:
+			return nil, context.DeadlineExceeded
+		}
+	}
+}
+
+func replyOf(m *nats.Msg) (*nats.Msg, error) {
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		return nil, nats.ErrNoResponders
+	}
+	return m, nil
 }
 
 // waitSlot waits for an in-flight slot. The verdict of a wait that ends

@@ -90,6 +90,7 @@ type flights struct {
 	mu     sync.Mutex
 	byNode map[subjects.NodeID]map[*flight]struct{}
 	gone   map[subjects.NodeID]string // departed generations and how
+	spare  map[*flight]struct{}       // an emptied set, reused by the next generation indexed (no map per delivery)
 }
 
 func newFlights() flights {
@@ -104,7 +105,11 @@ func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone boo
 	c.fl.mu.Lock()
 	set := c.fl.byNode[node]
 	if set == nil {
-		set = map[*flight]struct{}{}
+		if set = c.fl.spare; set != nil {
+			c.fl.spare = nil
+		} else {
+			set = map[*flight]struct{}{}
+		}
 		c.fl.byNode[node] = set
 	}
 	set[f] = struct{}{}
@@ -115,7 +120,10 @@ func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone boo
 	f.mu.Lock()
 	c.fl.mu.Unlock()
 	f.phase, f.node, f.ev, f.evText, f.evErr, f.cancel, f.backoff = p, node, evNone, "", nil, nil, false
-	f.wake, f.woken = make(chan struct{}), false
+	if f.wake == nil || f.woken {
+		f.wake = make(chan struct{}) // an unclosed one serves again
+	}
+	f.woken = false
 	if gone && checkGone {
 		f.recordLocked(evDeparted, how)
 	}
@@ -135,6 +143,7 @@ func (c *Client) unindex(f *flight) {
 		delete(set, f)
 		if len(set) == 0 {
 			delete(c.fl.byNode, node)
+			c.fl.spare = set
 		}
 	}
 	c.fl.mu.Unlock()

@@ -60,8 +60,9 @@ type lane struct {
 	mu    sync.Mutex
 	q     []*laneTicket // q[head:] in call order: every ticket not popped yet
 	head  int           // q[head] is the first unsettled ticket
-	epoch string
-	seq   uint64 // the last sequence number used in epoch
+	epoch uint64        // the client's epoch counter value naming the lane's current run (newEpoch)
+	seq   uint64        // the last sequence number used in epoch
+	qbuf  [4]*laneTicket
 }
 
 type ticketState uint8
@@ -77,9 +78,15 @@ const (
 type laneTicket struct {
 	l     *lane
 	state ticketState
-	epoch string        // the epoch of its last published leg
+	epoch uint64        // the epoch of its last published leg
 	wake  chan struct{} // buffer 1: poked when it may have become the cursor
 }
+
+// ticketPool recycles tickets: a ticket is put back only when its lane pops
+// it (finishLane), i.e. once it is settled and its delivery's goroutine no
+// longer uses it. A stale poke left in wake is harmless (awaitTurn
+// re-checks), but is drained anyway.
+var ticketPool = sync.Pool{New: func() any { return &laneTicket{wake: make(chan struct{}, 1)} }}
 
 // depth is the number of deliveries in the lane (in flight + waiting).
 func (l *lane) depth() int {
@@ -135,19 +142,35 @@ func (c *Client) enqueueLane(key LaneKey) *laneTicket {
 	l := c.lanes[key]
 	if l == nil {
 		l = &lane{key: key, epoch: c.newEpoch()}
+		l.q = l.qbuf[:0]
 		c.lanes[key] = l
 	}
-	t := &laneTicket{l: l, wake: make(chan struct{}, 1)}
+	t := ticketPool.Get().(*laneTicket)
+	select {
+	case <-t.wake:
+	default:
+	}
+	t.l, t.state, t.epoch = l, ticketPending, 0
 	l.mu.Lock()
 	l.q = append(l.q, t)
 	l.mu.Unlock()
 	return t
 }
 
-// newEpoch names a fresh lane epoch: the client's random prefix and a
-// counter, unique per client (and, by the prefix, across clients).
-func (c *Client) newEpoch() string {
-	return c.epochPrefix + strconv.FormatUint(c.epochs.Add(1), 36)
+// newEpoch starts a fresh lane epoch: a counter, unique per client. On the
+// wire (laneValue) it is named by the client's random prefix and the counter
+// in base 36, so it is unique across clients too.
+func (c *Client) newEpoch() uint64 { return c.epochs.Add(1) }
+
+// laneValue is the hub.HeaderLane value of leg seq in epoch:
+// "<prefix><epoch base 36>/<seq>", built with one allocation.
+func (c *Client) laneValue(epoch, seq uint64) string {
+	var buf [64]byte
+	b := append(buf[:0], c.epochPrefix...)
+	b = strconv.AppendUint(b, epoch, 36)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, seq, 10)
+	return string(b)
 }
 
 // awaitTurn blocks until t holds its lane's cursor (it may publish its leg),
@@ -203,13 +226,13 @@ func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicke
 // ticket waits for its turn again.
 var errRewound = errors.New("mesh: lane rewound before the leg was sent")
 
-// publishInLane stamps t's leg with the lane's epoch and next sequence
-// number and publishes it with pub, holding the cursor (t must hold it), so
-// legs leave in lane order. On success t is sent in that epoch and the
-// cursor passes on; on failure (nothing left) the epoch is broken. If the
-// cursor went back to a ticket ahead of t while t prepared its leg, nothing
-// is sent and errRewound is returned (t waits for its turn again).
-func (c *Client) publishInLane(t *laneTicket, pub func(lane string) error) error {
+// publishInLane stamps t's leg lm with the lane's epoch and next sequence
+// number and publishes it, holding the cursor (t must hold it), so legs
+// leave in lane order. On success t is sent in that epoch and the cursor
+// passes on; on failure (nothing left) the epoch is broken. If the cursor
+// went back to a ticket ahead of t while t prepared its leg, nothing is sent
+// and errRewound is returned (t waits for its turn again).
+func (c *Client) publishInLane(t *laneTicket, lm *legMsg) error {
 	l := t.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -223,7 +246,8 @@ func (c *Client) publishInLane(t *laneTicket, pub func(lane string) error) error
 	}
 	l.seq++
 	epoch := l.epoch
-	err := pub(epoch + "/" + strconv.FormatUint(l.seq, 10))
+	lm.set(hdrLane, c.laneValue(epoch, l.seq))
+	err := c.cfg.Conn.PublishMsg(&lm.msg)
 	if err != nil {
 		l.epoch, l.seq = c.newEpoch(), 0
 		t.state = ticketParked
@@ -260,11 +284,16 @@ func (c *Client) finishLane(t *laneTicket, accepted bool) {
 	}
 	t.state = ticketDone
 	for l.head < len(l.q) && l.q[l.head].state == ticketDone {
+		done := l.q[l.head]
 		l.q[l.head] = nil
 		l.head++
+		done.l = nil
+		ticketPool.Put(done)
 	}
 	empty := l.head == len(l.q)
-	if !empty {
+	if empty {
+		l.q, l.head = l.q[:0], 0
+	} else {
 		if l.head > 64 && l.head*2 > len(l.q) {
 			n := copy(l.q, l.q[l.head:])
 			clear(l.q[n:])

@@ -3,6 +3,7 @@ package mesh
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -25,6 +26,7 @@ type legWait struct {
 	token   uint64
 	subject string
 	ch      chan *nats.Msg // buffer 1: the reply, at most once
+	timer   *time.Timer    // the leg's timeout: armed by the leg, stopped by forget
 }
 
 func (r *legReplies) start(nc *nats.Conn) error {
@@ -48,7 +50,13 @@ func (r *legReplies) stop() {
 // waitPool recycles reply slots: a slot is handed to dispatch at most once
 // (under r.mu), and forget takes back whatever dispatch left in it, so a
 // recycled slot never holds a stale reply.
-var waitPool = sync.Pool{New: func() any { return &legWait{ch: make(chan *nats.Msg, 1)} }}
+// Its timer is stopped there too (a stopped timer delivers no stale tick
+// after Reset, Go 1.23 timer semantics).
+var waitPool = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &legWait{ch: make(chan *nats.Msg, 1), timer: t}
+}}
 
 // register returns a fresh reply slot; it must be given back with forget
 // (after which it must not be used).
@@ -59,12 +67,14 @@ func (r *legReplies) register() *legWait {
 	w.token = r.next
 	r.wait[w.token] = w
 	r.mu.Unlock()
-	w.subject = r.prefix + strconv.FormatUint(w.token, 36)
+	var buf [96]byte
+	w.subject = string(strconv.AppendUint(append(buf[:0], r.prefix...), w.token, 36))
 	return w
 }
 
 // forget removes w: a reply arriving later is dropped.
 func (r *legReplies) forget(w *legWait) {
+	w.timer.Stop()
 	r.mu.Lock()
 	if r.wait[w.token] == w {
 		delete(r.wait, w.token)
