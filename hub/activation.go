@@ -53,7 +53,11 @@ type activation struct {
 }
 
 // enqueue puts e in the inbox, or refuses it (full inbox, activation gone).
-func (a *activation) enqueue(e *entry) error {
+//
+// With startTurn false the caller starts the turn itself (kick) once it has
+// answered the delivery: the reply does not wait behind the start of a
+// goroutine.
+func (a *activation) enqueue(e *entry, startTurn bool) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	switch a.state {
@@ -75,8 +79,17 @@ func (a *activation) enqueue(e *entry) error {
 	a.queue = append(a.queue, e)
 	a.lastActive = time.Now()
 	a.laneAdvanceLocked(e, a.lastActive)
-	a.startTurnLocked()
+	if startTurn {
+		a.startTurnLocked()
+	}
 	return nil
+}
+
+// kick starts a turn if one is due (see enqueue).
+func (a *activation) kick() {
+	a.mu.Lock()
+	a.startTurnLocked()
+	a.mu.Unlock()
 }
 
 // startTurnLocked starts a turn goroutine if the hub is ready, work is

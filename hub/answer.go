@@ -36,13 +36,56 @@ func newAnswerKey() string {
 // key: the first 128 bits of HMAC-SHA256(key, id), as 32 lowercase hex
 // digits. Pure; safe for concurrent use.
 func AnswerTokenOf(key, id string) string {
-	m := hmac.New(sha256.New, []byte(key))
-	m.Write([]byte(id))
-	return hex.EncodeToString(m.Sum(nil)[:16])
+	var tok [2 * answerMACLen]byte
+	answerToken(key, id, &tok)
+	return string(tok[:])
 }
 
 // ValidAnswerToken reports whether token is AnswerTokenOf(key, id), in
 // constant time. An empty key never validates.
 func ValidAnswerToken(key, id, token string) bool {
-	return key != "" && hmac.Equal([]byte(AnswerTokenOf(key, id)), []byte(token))
+	if key == "" {
+		return false
+	}
+	var tok [2 * answerMACLen]byte
+	answerToken(key, id, &tok)
+	if len(token) != len(tok) {
+		return false
+	}
+	var diff byte
+	for i := range tok { // constant time, as hmac.Equal, without copying token
+		diff |= tok[i] ^ token[i]
+	}
+	return diff == 0
+}
+
+const answerMACLen = 16
+
+// answerToken writes AnswerTokenOf(key, id) to tok. It computes the HMAC
+// from its definition, H((K^opad) || H((K^ipad) || id)), on stack buffers
+// — no allocation, where crypto/hmac allocates its two hashes per call —
+// for keys of at most one block (answer keys are 32 bytes) and IDs of at
+// most MaxIDLen bytes; anything longer goes through crypto/hmac.
+func answerToken(key, id string, tok *[2 * answerMACLen]byte) {
+	var mac [sha256.Size]byte
+	if len(key) > sha256.BlockSize || len(id) > MaxIDLen {
+		m := hmac.New(sha256.New, []byte(key))
+		m.Write([]byte(id))
+		copy(mac[:], m.Sum(nil))
+	} else {
+		var in [sha256.BlockSize + MaxIDLen]byte
+		var out [sha256.BlockSize + sha256.Size]byte
+		for i := 0; i < sha256.BlockSize; i++ {
+			var k byte
+			if i < len(key) {
+				k = key[i]
+			}
+			in[i], out[i] = k^0x36, k^0x5c
+		}
+		n := copy(in[sha256.BlockSize:], id)
+		inner := sha256.Sum256(in[:sha256.BlockSize+n])
+		copy(out[sha256.BlockSize:], inner[:])
+		mac = sha256.Sum256(out[:])
+	}
+	hex.Encode(tok[:], mac[:answerMACLen])
 }

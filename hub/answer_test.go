@@ -1,6 +1,10 @@
 package hub
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/natsmesh/natsmesh/subjects"
@@ -27,6 +31,34 @@ func TestAnswerTokens(t *testing.T) {
 	} {
 		if got := ValidAnswerToken(c.key, c.id, c.token); got != c.ok {
 			t.Errorf("ValidAnswerToken(%q, %q, %q) = %v", c.key, c.id, c.token, got)
+		}
+	}
+}
+
+// TestAnswerTokenIsHMAC pins the allocation-free HMAC against crypto/hmac,
+// across key and ID lengths on both sides of the block size and MaxIDLen.
+func TestAnswerTokenIsHMAC(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, kl := range []int{0, 1, 31, 32, 63, 64, 65, 200} {
+		for _, il := range []int{0, 1, 22, 127, 128, 129, 300} {
+			for range 20 {
+				key, id := make([]byte, kl), make([]byte, il)
+				for i := range key {
+					key[i] = byte(r.Uint32())
+				}
+				for i := range id {
+					id[i] = byte(r.Uint32())
+				}
+				m := hmac.New(sha256.New, key)
+				m.Write(id)
+				want := hex.EncodeToString(m.Sum(nil)[:16])
+				if got := AnswerTokenOf(string(key), string(id)); got != want {
+					t.Fatalf("key %d bytes, id %d bytes: token %s, HMAC %s", kl, il, got, want)
+				}
+				if kl > 0 && !ValidAnswerToken(string(key), string(id), want) {
+					t.Fatalf("key %d bytes, id %d bytes: HMAC token not valid", kl, il)
+				}
+			}
 		}
 	}
 }

@@ -125,7 +125,7 @@ func (h *Host) runClaim(op *claimOp) {
 			o.dup = h.dedupe.lookup(p.e.ID) // a copy parked twice: accepted once
 		default:
 			p.e.rec = h.dedupe.add(p.e.ID, p.e.expectResponse, p.e.answerTo)
-			eerr := a.enqueue(p.e)
+			eerr := a.enqueue(p.e, true)
 			if eerr != nil {
 				h.dedupe.forget(p.e.rec)
 				p.e.rec = nil

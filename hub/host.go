@@ -368,10 +368,11 @@ func (h *Host) intake(m *nats.Msg) {
 // Claims set: the claim runs on its own goroutine, never on the
 // subscription's), or refuses it.
 func (h *Host) dispatch(m *nats.Msg, e *entry) {
+	var a *activation
 	for {
 		h.mu.RLock()
 		draining := h.draining || h.ctx.Err() != nil
-		a := h.activations[e.To]
+		a = h.activations[e.To]
 		h.mu.RUnlock()
 		if draining {
 			h.refuse(m, verdict.New(verdict.ReasonHubShuttingDown, "node %s is draining", h.nodeID))
@@ -397,7 +398,7 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 		// Remembered before it can be settled, so that a failure racing
 		// the enqueue finds the record to forget.
 		e.rec = h.dedupe.add(e.ID, e.expectResponse, e.answerTo)
-		err := a.enqueue(e)
+		err := a.enqueue(e, false)
 		if err != nil {
 			h.dedupe.forget(e.rec)
 			e.rec = nil
@@ -412,6 +413,7 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 		break
 	}
 	h.answerAccepted(m, e)
+	a.kick() // after the reply: its turn does not delay it
 }
 
 // duplicate answers a delivery whose ID is in the dedupe window from the

@@ -52,6 +52,14 @@ const DefaultWindow = 32
 // keeps its place, so the tickets behind it wait (other lanes do not); an
 // out-of-order refusal is re-sent at once, not counted as a retry.
 //
+// A leg published while its ticket is alone in the lane (nothing ahead of
+// it unsettled, nothing behind it) carries no HeaderLane: it is not
+// sequence-checked, like a one-leg-at-a-time client's, and its ticket stays
+// the cursor until it settles, so nothing of the lane leaves behind it
+// meanwhile; the lane's next leg starts a new epoch. A sequential caller
+// thus never pays for the header, and a burst waits one round trip for its
+// first leg before it is pipelined.
+//
 // A lane exists only while it holds work: it is removed with its last
 // ticket, so an idle lane costs nothing.
 type lane struct {
@@ -243,6 +251,23 @@ func (c *Client) publishInLane(t *laneTicket, lm *legMsg) error {
 		t.state = ticketPending
 		l.pokeLocked(c.opts.window)
 		return errRewound
+	}
+	if l.head == len(l.q)-1 {
+		// t is alone in the lane: everything ahead of it is settled.
+		// Its leg goes without hub.HeaderLane, as a one-leg-at-a-time
+		// client's would (one header less to write and read), and while
+		// it is in flight it stays the cursor, so nothing of the lane is
+		// published behind it before it settles; the next leg starts a
+		// new epoch. Its ticket is sent in no epoch (0).
+		err := c.cfg.Conn.PublishMsg(&lm.msg)
+		if err != nil {
+			t.state = ticketParked
+		} else {
+			t.state, t.epoch = ticketSent, 0
+			l.epoch, l.seq = c.newEpoch(), 0
+		}
+		l.pokeLocked(c.opts.window)
+		return err
 	}
 	l.seq++
 	epoch := l.epoch

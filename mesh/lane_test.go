@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
 )
 
 // TestOrderWithRefusals: 64 streams × 200 deliveries to one address,
@@ -202,5 +205,104 @@ func TestTurnsOneAtATime(t *testing.T) {
 	defer mu.Unlock()
 	if maxRunning != 1 {
 		t.Errorf("max concurrent handlers = %d, want 1", maxRunning)
+	}
+}
+
+// TestSoloLegWithoutLaneHeader pins the leg sent alone in its lane (lane.go,
+// docs/protocol.md §3.4): sequential deliveries carry no Mesh-Lane; in a
+// burst the first leg goes alone and nothing of the lane is published until
+// its reply came, then the rest (queued meanwhile) are pipelined as seq 1, 2, … of one new
+// epoch. (Deliveries queued before the lane's first leg leaves are
+// pipelined from the first leg on, TestOrderWithRefusals.) Over several
+// rounds.
+func TestSoloLegWithoutLaneHeader(t *testing.T) {
+	s := natstest.RunServer(t)
+	spy := subjects.NodeID{Name: "spy", Generation: 1}
+	type leg struct{ lane string }
+	var (
+		mu      sync.Mutex
+		legs    []leg
+		hold    = make(chan struct{}) // the first leg's reply waits for it while holding
+		holding bool
+	)
+	snc := natstest.Connect(t, s)
+	sub, err := snc.Subscribe(subjects.DefaultPrefix.NodeSubscription(spy), func(m *nats.Msg) {
+		mu.Lock()
+		legs = append(legs, leg{lane: m.Header.Get(hub.HeaderLane)})
+		h, ch := holding, hold
+		holding = false
+		mu.Unlock()
+		if h {
+			<-ch
+		}
+		r := nats.NewMsg(m.Reply)
+		r.Header.Set(verdict.HeaderVerdict, "Accepted")
+		_ = m.RespondMsg(r)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	_ = snc.Flush()
+	c, err := NewClient(Config{Conn: natstest.Connect(t, s), Resolver: StaticResolver{Node: spy}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx := context.Background()
+	for round := range 5 {
+		mu.Lock()
+		legs = nil
+		mu.Unlock()
+		for i := range 10 {
+			if _, err := c.Deliver(ctx, Delivery{To: "x/solo", Payload: []byte{byte(i)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mu.Lock()
+		for i, l := range legs {
+			if l.lane != "" {
+				t.Fatalf("round %d: sequential leg %d carries Mesh-Lane %q", round, i, l.lane)
+			}
+		}
+		legs, holding = nil, true
+		hold = make(chan struct{})
+		mu.Unlock()
+		const burst = 8
+		res := make([]<-chan Result, burst)
+		res[0] = c.DeliverAsync(ctx, Delivery{To: "x/solo", Payload: []byte{0}})
+		natstest.Eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(legs) >= 1 }, "first leg of the burst")
+		for i := 1; i < burst; i++ {
+			res[i] = c.DeliverAsync(ctx, Delivery{To: "x/solo", Payload: []byte{byte(i)}})
+		}
+		// The first leg's reply is held: nothing else of the lane may be
+		// in flight.
+		if n, _, _ := sub.Pending(); n > 1 || c.inFlight.Load() != 1 { // n counts the held one
+			t.Fatalf("round %d: while the first leg's reply is held, %d legs pending at the node (the held one included) and %d in flight", round, n, c.inFlight.Load())
+		}
+		mu.Lock()
+		close(hold)
+		mu.Unlock()
+		for i, ch := range res {
+			if r := <-ch; r.Err != nil {
+				t.Fatalf("round %d: burst delivery %d: %v", round, i, r.Err)
+			}
+		}
+		mu.Lock()
+		if len(legs) != burst {
+			t.Fatalf("round %d: %d legs for %d deliveries: %+v", round, len(legs), burst, legs)
+		}
+		if legs[0].lane != "" {
+			t.Fatalf("round %d: the burst's first leg carries Mesh-Lane %q", round, legs[0].lane)
+		}
+		var epoch string
+		for i, l := range legs[1:] {
+			e, seq, err := hub.ParseLane(l.lane)
+			if err != nil || seq != uint64(i+1) || (i > 0 && e != epoch) {
+				t.Fatalf("round %d: burst leg %d: Mesh-Lane %q (err %v); want seq %d of one epoch", round, i+1, l.lane, err, i+1)
+			}
+			epoch = e
+		}
+		mu.Unlock()
 	}
 }

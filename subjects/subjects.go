@@ -109,14 +109,15 @@ func (p Prefix) Control(nodeName, verb string) string {
 // not validated here (the encoding is safe for any bytes); validate an
 // address, a stream and a node before sending to them.
 func (p Prefix) Delivery(node NodeID, addr Address, stream Stream) string {
-	gen := strconv.FormatUint(node.Generation, 10)
+	var g [20]byte
+	gen := strconv.AppendUint(g[:0], node.Generation, 10) // no string of its own: one allocation in all
 	var b strings.Builder
 	b.Grow(len(p) + len(deliveryToken) + len(node.Name) + len(gen) + encodedLen(string(addr)) + encodedLen(string(stream)) + 5)
 	b.WriteString(string(p))
 	b.WriteString("." + deliveryToken + ".")
 	b.WriteString(node.Name)
 	b.WriteByte('.')
-	b.WriteString(gen)
+	b.Write(gen)
 	b.WriteByte('.')
 	appendToken(&b, string(addr))
 	b.WriteByte('.')
