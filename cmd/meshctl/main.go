@@ -61,7 +61,9 @@ Exit codes:
   1    bad usage or invalid input (unknown flag or command, bad address,
        payload over the server's max_payload, ...)
   2    cannot reach NATS (connection refused, authorization failed, ...),
-       or no JetStream on the account (subscribe needs the membership)
+       the server refused an operation as a permissions violation (the
+       NATS user's profile does not allow it: SECURITY.md), or no
+       JetStream on the account (subscribe needs the membership)
   3    the mesh answered a failure verdict (its name, reason and message
        are printed; Unavailable (no-placement): no node hosts the kind,
        nothing was placed), or no node answered at all (nodes, hubs and
