@@ -301,9 +301,10 @@ type Membership struct {
 
 	lost      chan struct{}
 	lostOnce  sync.Once
-	invalid   atomic.Int64  // registry entries ignored: unparsable, misnamed, absurd generation
-	foreign   atomic.Int64  // own entry found overwritten by another writer
-	lastWrite []byte        // the last value this node wrote for its entry (under wmu)
+	invalid   atomic.Int64 // registry entries ignored: unparsable, misnamed, absurd generation
+	foreign   atomic.Int64 // own entry found overwritten by another writer
+	lastWrite [4][]byte    // the values this node last tried to write for its entry, newest at lastN%4 (under wmu)
+	lastN     int
 	leaving   atomic.Bool   // Leave is deleting our entry: our own departure is no news
 	supersede atomic.Bool   // the registration was lost to a newer generation of the name
 	ready     chan struct{} // the registry's initial state was read
@@ -576,16 +577,32 @@ func (m *Membership) parse(e jetstream.KeyValueEntry) (Member, bool) {
 	return Member{}, false
 }
 
-// ownWrite reports whether the stored entry at rev is the value this node
-// last wrote; if not, it reports the overwrite (log and Stats).
+// wroteValue remembers a value about to be written for this node's entry.
+// Called with wmu held.
+func (m *Membership) wroteValue(b []byte) {
+	m.lastN++
+	m.lastWrite[m.lastN%len(m.lastWrite)] = b
+}
+
+// ownWrite reports whether the stored entry at rev is a value this node
+// recently tried to write (the write whose reply was lost is not the
+// latest attempt: the attempt that met the revision mismatch came after
+// it); if not, it reports the overwrite (log and Stats). A read that fails
+// tells nothing and reports nothing.
 func (m *Membership) ownWrite(rev uint64) bool {
 	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
 	defer cancel()
 	e, err := m.kv.Get(ctx, m.cfg.Name)
+	if err != nil {
+		return true
+	}
 	m.wmu.Lock()
-	last := m.lastWrite
+	own := false
+	for _, b := range m.lastWrite {
+		own = own || b != nil && bytes.Equal(e.Value(), b)
+	}
 	m.wmu.Unlock()
-	if err == nil && e.Revision() == rev && bytes.Equal(e.Value(), last) {
+	if own && e.Revision() == rev {
 		return true
 	}
 	n := m.foreign.Add(1)
@@ -638,6 +655,9 @@ func (m *Membership) register(ctx context.Context) error {
 			}
 		}
 		b, _ := json.Marshal(self)
+		m.wmu.Lock()
+		m.wroteValue(b)
+		m.wmu.Unlock()
 		confirmed := m.cfg.Conn.Stats().Reconnects
 		var rev uint64
 		if prev == 0 {
@@ -1146,7 +1166,7 @@ func (m *Membership) beat() error {
 	self.BeatAt = time.Now().UTC()
 	self.ServerID, self.ClientID = m.connIdentity()
 	b, _ := json.Marshal(self)
-	m.lastWrite = b
+	m.wroteValue(b)
 	reconnects := m.cfg.Conn.Stats().Reconnects
 	ctx, cancel := context.WithTimeout(m.ctx, max(m.cfg.Heartbeat, time.Second))
 	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
@@ -1216,6 +1236,7 @@ func (m *Membership) updateSelf(ctx context.Context, change func(*Member)) error
 	m.mu.RUnlock()
 	change(&self)
 	b, _ := json.Marshal(self)
+	m.wroteValue(b)
 	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		// An earlier write's reply may have been lost: retry on the

@@ -105,6 +105,11 @@ func TestLostHeartbeatReplyDoesNotFence(t *testing.T) {
 		default:
 		}
 	}
+	// The stored entry was this node's own write each time: no overwrite
+	// by another writer is reported.
+	if n := a.Stats().Overwritten; n != 0 {
+		t.Errorf("%d lost heartbeat replies reported as overwrites by another writer", n)
+	}
 }
 
 // TestSameNameRefused: a live, heartbeating generation of a name is not
