@@ -100,6 +100,7 @@ type Client struct {
 	byOutcome                 [numOutcomes]atomic.Int64 // deliveries ended, by final outcome
 	latency                   [numOutcomes]histo.H      // call to final outcome, by final outcome
 	lateVerdicts, unmatched   atomic.Int64
+	resent                    atomic.Int64 // awaited Requests re-sent after their owner's connection moved
 }
 
 // NewClient validates cfg, applies opts and subscribes to the client's answer
@@ -632,9 +633,10 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 			f.phase = phaseAccepted
 			if f.ev == evMoved {
 				// The owner's connection moved with the leg in flight, yet
-				// its reply arrived: nothing was lost, and an awaited
-				// response is not failed by a move (FailInFlight).
-				f.ev, f.evErr, f.wake, f.woken = evNone, nil, make(chan struct{}), false
+				// its reply arrived: the acceptance was not lost, but the
+				// response may be; the move stays recorded, so the awaited
+				// request is re-sent at once (awaitResponse).
+				f.evErr = nil
 			}
 			c.takeEarlyLocked(f, node)
 		} else {
@@ -783,12 +785,16 @@ type ClientStats struct {
 	// no pending call (it had timed out or failed already): counted and
 	// dropped, never handed to another call.
 	Unmatched int64 `json:"unmatched_answers"`
+	// Resent counts re-sends of accepted Requests whose response was
+	// awaited when their owner's connection moved (answered by the
+	// owner's dedupe: the kept response again, or response-gone).
+	Resent int64 `json:"resent_awaited"`
 }
 
 // Stats returns the client's counters.
 func (c *Client) Stats() ClientStats {
 	s := ClientStats{Accepted: c.accepted.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), ByVerdict: map[string]int64{},
-		ForgedAnswers: c.forged.Load(), LateVerdicts: c.lateVerdicts.Load(), Unmatched: c.unmatched.Load()}
+		ForgedAnswers: c.forged.Load(), LateVerdicts: c.lateVerdicts.Load(), Unmatched: c.unmatched.Load(), Resent: c.resent.Load()}
 	for o := range c.byOutcome {
 		s.ByVerdict[outcomeName(outcome(o))] = c.byOutcome[o].Load()
 	}

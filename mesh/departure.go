@@ -50,7 +50,7 @@ const (
 	evDeparted       // the owner generation departed
 	evLinkDrop       // this client's own link dropped
 	evClosing        // this client is closing
-	evMoved          // the owner's connection moved with the leg in flight (FailInFlight)
+	evMoved          // the owner's connection moved with the leg in flight or the response awaited (OwnerMoved)
 )
 
 // flight is one delivery while the client works on it. Safe for concurrent
@@ -152,8 +152,8 @@ func (c *Client) unindex(f *flight) {
 // recordLocked records ev unless an event or the verdict came first, wakes
 // the flight and cancels its leg. Called with f.mu held.
 func (f *flight) recordLocked(ev event, how string) {
-	if f.ev != evNone || f.phase == phaseDone {
-		return
+	if f.phase == phaseDone || f.ev != evNone && (f.ev != evMoved || ev == evMoved) {
+		return // a move gives way to a departure, a link drop or closing
 	}
 	if ev == evLinkDrop && f.phase == phaseWaiting {
 		return // nothing of it is in flight: it is sent after the reconnect
@@ -193,7 +193,10 @@ func (f *flight) causeLocked() error {
 	case evClosing:
 		err = verdict.ErrClosing
 	case evMoved:
-		return f.evErr // only ever recorded on a leg in flight
+		if f.phase == phaseAccepted {
+			return nil // not a failure: the awaited request is re-sent (awaitResponse)
+		}
+		return f.evErr
 	}
 	if f.phase != phaseAccepted || f.idempotent {
 		return err
@@ -308,6 +311,39 @@ func (c *Client) FailInFlight(node subjects.NodeID, err error) {
 		f.mu.Lock()
 		if f.node == node && f.phase == phaseSent {
 			f.evErr = err
+			f.recordLocked(evMoved, "")
+		}
+		f.mu.Unlock()
+	}
+}
+
+// OwnerMoved reports that owner generation node's connection moved (its
+// NATS server restarted or shut down, lame duck, a reconnect to another
+// server: membership.Moved). node keeps its generation and what it
+// accepted, but what was in transit to or from it may be lost (DESIGN §6).
+// Every leg in flight to it fails with err, which must be resendable (as
+// FailInFlight: re-sent with the same delivery ID, the receiver dedupes);
+// every accepted Request awaiting its response is re-sent to node with the
+// same delivery ID, so that node's dedupe answers it with the kept
+// response, or with verdict.ErrResponseGone. Deliveries waiting for a slot
+// or backing off are left alone. Safe for concurrent use.
+func (c *Client) OwnerMoved(node subjects.NodeID, err error) {
+	c.fl.mu.Lock()
+	set := c.fl.byNode[node]
+	hit := make([]*flight, 0, len(set))
+	for f := range set {
+		hit = append(hit, f)
+	}
+	c.fl.mu.Unlock()
+	for _, f := range hit {
+		f.mu.Lock()
+		switch {
+		case f.node != node:
+		case f.phase == phaseSent:
+			f.evErr = err
+			f.recordLocked(evMoved, "")
+		case f.phase == phaseAccepted && f.request:
+			f.evErr = nil
 			f.recordLocked(evMoved, "")
 		}
 		f.mu.Unlock()

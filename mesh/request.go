@@ -2,12 +2,14 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/meshtrace"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -115,15 +117,37 @@ func (c *Client) request(ctx context.Context, d *Delivery) (Response, error) {
 // arrived wins; else the first event recorded (outcome unknown, or the
 // resendable fact for an Idempotent delivery); else the caller's
 // cancellation; else the deadline (a timeout).
+//
+// When the accepting owner's connection moves while the response is awaited
+// (OwnerMoved: a server restart, lame duck), the response may be lost in
+// transit: the request is re-sent to the same generation with the same
+// delivery ID (resendAwaited), and the owner's dedupe answers it with the
+// kept response again, or with verdict.ErrResponseGone — never silence.
 func (c *Client) awaitResponse(ctx context.Context, d *Delivery, f *flight, r Receipt) (Response, error) {
-	f.mu.Lock()
-	wake := f.wake
-	f.mu.Unlock()
-	select {
-	case <-wake:
-	case <-ctx.Done():
+	for {
+		f.mu.Lock()
+		wake := f.wake
+		f.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+		}
+		f.mu.Lock()
+		if f.ans != nil || f.ev != evMoved || ctx.Err() != nil {
+			break // decided below, under f.mu
+		}
+		// The owner's connection moved: re-send, then await again.
+		f.ev, f.evErr = evNone, nil
+		f.wake, f.woken = make(chan struct{}), false
+		f.mu.Unlock()
+		if err := c.resendAwaited(ctx, d, f, r.Node); err != nil {
+			f.mu.Lock()
+			f.phase = phaseDone
+			f.ansUsed = f.ans != nil
+			f.mu.Unlock()
+			return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, err)
+		}
 	}
-	f.mu.Lock()
 	defer f.mu.Unlock()
 	cause := f.causeLocked()
 	f.phase = phaseDone
@@ -248,3 +272,122 @@ func (c *Client) takeEarlyLocked(f *flight, node subjects.NodeID) bool {
 	}
 	return f.ans != nil
 }
+
+// resendAwaited re-sends accepted Request d to node, the generation that
+// accepted it, after node's connection moved while d's response was
+// awaited (DESIGN §6 "in transit when a connection moves"). It carries the
+// same delivery ID and no lane position (a duplicate is answered from the
+// owner's dedupe before any sequence check): the owner answers Accepted
+// and sends the kept response again (or, still queued or running, sends it
+// when it is ready), or verdict.ErrResponseGone. Until the owner is back on
+// its subject (no responders) it retries, 50 ms doubling to 1 s.
+//
+// It returns nil to go on awaiting — the re-send was accepted, or it timed
+// out (the owner may be slow; its response may still come), or an answer or
+// an event (departure, own link drop, closing, another move) was recorded
+// meanwhile, or ctx ended — and otherwise the request's verdict: the
+// owner's terminal answer (verdict.ErrResponseGone: the handler ran, its
+// response is no longer kept; a late failure it recorded for d). A
+// resendable refusal (the owner is fenced or draining) goes on awaiting:
+// its departure, if it comes, decides.
+func (c *Client) resendAwaited(ctx context.Context, d *Delivery, f *flight, node subjects.NodeID) error {
+	wait := 50 * time.Millisecond
+	for {
+		reply, err := c.resendLeg(ctx, d, f, node)
+		f.mu.Lock()
+		wake, decided := f.wake, f.ans != nil || f.ev != evNone
+		f.mu.Unlock()
+		if decided || ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case err == nil:
+			c.resent.Add(1)
+			if _, verr := verdict.Decode(reply.Header); verr != nil && !verdict.IsResendable(verr) {
+				return verr
+			}
+			return nil
+		case !errors.Is(err, nats.ErrNoResponders):
+			return nil // a timeout: the response may still come
+		}
+		select { // not back on its subject yet
+		case <-time.After(wait):
+		case <-wake:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// resendLeg sends one re-send of accepted Request d to node and waits for
+// its reply (bounded by the leg timeout and ctx); an event recorded on f
+// meanwhile cancels the wait. It holds an in-flight slot while the leg is
+// out.
+func (c *Client) resendLeg(ctx context.Context, d *Delivery, f *flight, node subjects.NodeID) (*nats.Msg, error) {
+	f.mu.Lock()
+	wake := f.wake
+	f.mu.Unlock()
+	select {
+	case c.sem <- struct{}{}:
+	case <-wake:
+		return nil, errResendStopped
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-c.sem }()
+	legEnd := time.Now().Add(c.opts.legTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(legEnd) {
+		legEnd = dl
+	}
+	legCtx, cancel := context.WithDeadline(ctx, legEnd)
+	defer cancel()
+	f.mu.Lock()
+	if f.woken {
+		f.mu.Unlock()
+		return nil, errResendStopped
+	}
+	f.cancel = cancel
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.cancel = nil
+		f.mu.Unlock()
+	}()
+	msg := &nats.Msg{Subject: c.cfg.Prefix.Delivery(node, d.To, d.Stream), Data: d.Payload, Header: make(nats.Header, 6)}
+	h := msg.Header
+	h[hub.HeaderID] = []string{d.ID}
+	h[hub.HeaderAnswerTo] = []string{c.answerTo}
+	h[hub.HeaderExpectResponse] = []string{"true"}
+	if d.Type != "" {
+		h[hub.HeaderType] = []string{d.Type}
+	}
+	if d.From != "" {
+		h[hub.HeaderFrom] = []string{string(d.From)}
+	}
+	if c.opts.tracer != nil {
+		meshtrace.Inject(ctx, h)
+	}
+	w := c.replies.register()
+	defer c.replies.forget(w)
+	msg.Reply = w.subject
+	c.observeInFlight(c.inFlight.Add(1))
+	defer func() { c.observeInFlight(c.inFlight.Add(-1)) }()
+	if err := c.cfg.Conn.PublishMsg(msg); err != nil {
+		return nil, err
+	}
+	select {
+	case reply := <-w.ch:
+		if reply.Header.Get("Status") == "503" && len(reply.Data) == 0 {
+			return nil, nats.ErrNoResponders
+		}
+		return reply, nil
+	case <-legCtx.Done():
+		return nil, legCtx.Err()
+	}
+}
+
+// errResendStopped: an event or answer was recorded before the re-send
+// left.
+var errResendStopped = errors.New("mesh: re-send stopped by an event")

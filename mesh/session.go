@@ -150,7 +150,7 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 			n.departures.Add(1)
 			n.Client.FailNode(e.Member.Node, e.Type.String())
 		case e.Type == membership.Moved:
-			n.Client.FailInFlight(e.Member.Node, fmt.Errorf("owner %s's connection moved (%s) with the leg in flight: %w", e.Member.Node, e.Reason, nats.ErrDisconnected))
+			n.Client.OwnerMoved(e.Member.Node, fmt.Errorf("owner %s's connection moved (%s) with the leg in flight: %w", e.Member.Node, e.Reason, nats.ErrDisconnected))
 		}
 		if f := n.cfg.OnMembershipEvent; f != nil {
 			f(e)
