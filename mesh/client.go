@@ -44,7 +44,9 @@ type Delivery struct {
 	// acceptance (its owner departed, this sender's link dropped, this
 	// client closed): the resendable fact itself (ShuttingDown) for an
 	// idempotent delivery, else Failed with verdict.ErrOutcomeUnknown. An
-	// awaited response is never re-sent automatically either way.
+	// awaited Request is re-sent automatically either way only when the
+	// generation that accepted it is still live and its connection moved
+	// (see Client.Request).
 	Idempotent bool
 }
 

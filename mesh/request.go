@@ -28,7 +28,11 @@ type Response struct {
 //
 // Acceptance and response are two separate facts. The delivery part behaves
 // as Deliver (retries only before acceptance). Once accepted, the request is
-// never re-sent:
+// re-sent only to the generation that accepted it, and only when that
+// generation's connection moves while the response is awaited (a NATS server
+// restart or lame duck: the response may be lost in transit; its dedupe
+// answers the same delivery ID with the kept response, or fails the request
+// with verdict.ErrResponseGone, Failed: the handler ran). Otherwise:
 //   - if the response does not come by ctx's deadline (or the request
 //     timeout when ctx has none) Request fails with context.DeadlineExceeded
 //     — a timeout, Failed, not resendable;
