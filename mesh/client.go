@@ -92,7 +92,7 @@ type Client struct {
 	stopCancel context.CancelFunc
 	closed     chan struct{}
 	closeOnce  sync.Once
-	calls      sync.WaitGroup
+	calls      callGate // calls in progress; Close waits for them
 
 	keys   answerKeys   // answer keys of accepting generations (answers.go)
 	held   heldAnswers  // answers that overtook their generation's key (answers.go)
@@ -128,6 +128,7 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 		fl:      newFlights(),
 		closed:  make(chan struct{}),
 		stop:    make(chan struct{}),
+		calls:   callGate{idle: make(chan struct{})},
 	}
 	c.stopCtx, c.stopCancel = context.WithCancel(context.Background())
 	c.epochPrefix = nuidShort() + "-"
@@ -245,9 +246,14 @@ func (c *Client) begin(d *Delivery, validate bool) (LaneKey, *laneTicket, error)
 			return LaneKey{}, nil, err
 		}
 	}
-	c.calls.Add(1)
+	if !c.calls.join() {
+		if validate {
+			c.count(verdict.ErrClosing, time.Time{})
+		}
+		return LaneKey{}, nil, verdict.ErrClosing
+	}
 	if c.closing.Load() {
-		c.calls.Done()
+		c.calls.leave()
 		if validate {
 			c.count(verdict.ErrClosing, time.Time{})
 		}
@@ -267,7 +273,7 @@ func (c *Client) begin(d *Delivery, validate bool) (LaneKey, *laneTicket, error)
 //
 // start is when the call began (the latency histogram's origin).
 func (c *Client) run(ctx context.Context, start time.Time, d *Delivery, key LaneKey, t *laneTicket, f *flight) (Receipt, error) {
-	defer c.calls.Done()
+	defer c.calls.leave()
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(c.opts.requestTimeout)
@@ -598,6 +604,19 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 		<-c.sem
 		return false, err
 	}
+	// Nothing has left yet: a caller's deadline that passed (or its
+	// cancellation) before this point sends nothing — a leg sent after the
+	// deadline would only time out, reading "the callee may hold it".
+	if legTimeout <= 0 {
+		f.mu.Unlock()
+		<-c.sem
+		return false, &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed before the leg was sent"}
+	}
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+		f.mu.Unlock()
+		<-c.sem
+		return false, err
+	}
 	// An event (departure, link drop, closing) ends the wait for the reply
 	// through f.wake: no per-leg context.
 	f.phase, f.cancel = phaseSent, nil
@@ -744,7 +763,7 @@ func (c *Client) Close() {
 		close(c.stop)
 		c.stopCancel()
 		c.interruptAll(evClosing)
-		c.calls.Wait()
+		c.calls.shut()
 		_ = c.answersSub.Unsubscribe()
 		c.replies.stop()
 		c.cfg.Conn.RemoveStatusListener(c.status)
@@ -801,6 +820,44 @@ func (c *Client) Stats() ClientStats {
 		s.ByVerdict[outcomeName(outcome(o))] = c.byOutcome[o].Load()
 	}
 	return s
+}
+
+// callGate counts a client's calls in progress so that Close can wait for
+// them. A call joins only while Close has not begun: a sync.WaitGroup must
+// not see an Add from zero while it is waited on, and a call starting while
+// Close waits would be exactly that (a data race, or a "WaitGroup misuse"
+// panic). Safe for concurrent use.
+type callGate struct {
+	n    atomic.Int64 // calls in progress, plus gateShut once shut began
+	once sync.Once
+	idle chan struct{} // closed once shut began and no call is in progress
+}
+
+const gateShut = 1 << 62
+
+// join counts a call in, unless shut began (false: nothing counted).
+func (g *callGate) join() bool {
+	if g.n.Add(1) >= gateShut {
+		g.leave()
+		return false
+	}
+	return true
+}
+
+// leave counts a call out.
+func (g *callGate) leave() {
+	if g.n.Add(-1) == gateShut {
+		g.once.Do(func() { close(g.idle) })
+	}
+}
+
+// shut refuses every later join and waits until no call is in progress.
+// Called once.
+func (g *callGate) shut() {
+	if g.n.Add(gateShut) == gateShut {
+		g.once.Do(func() { close(g.idle) })
+	}
+	<-g.idle
 }
 
 // lockedNUID is a per-client NUID generator: the package-level nuid.Next

@@ -158,9 +158,12 @@ func key(addr subjects.Address) string { return subjects.EncodeToken(string(addr
 
 func (d *Directory) self() subjects.NodeID { return d.members.Self().Node }
 
-// unavailable wraps a KV failure as the resendable directory verdict.
+// unavailable is the resendable directory verdict of a KV failure. The
+// failure is kept as text only: a read that timed out is not a leg timeout
+// (nothing was sent), and the predicates read a timeout anywhere in the
+// chain as one (hub.claimFailed does the same).
 func unavailable(op string, err error) error {
-	return &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "directory " + op, Err: err}
+	return &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "directory " + op + ": " + err.Error()}
 }
 
 // read returns the claim on addr and its revision (0 when absent).
@@ -285,6 +288,13 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 	c, rev, err := d.read(rctx, addr)
 	cancel()
 	if err != nil {
+		switch cerr := ctx.Err(); {
+		case errors.Is(cerr, context.Canceled):
+			return subjects.NodeID{}, fmt.Errorf("directory read: %w", cerr) // the caller chose
+		case cerr != nil:
+			// The caller's deadline passed while resolving: nothing sent.
+			return subjects.NodeID{}, &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while resolving the owner: directory read: " + err.Error()}
+		}
 		return subjects.NodeID{}, unavailable("read", err)
 	}
 	if rev != 0 && d.members.Alive(c.Owner) {
