@@ -354,7 +354,10 @@ func Run(ctx context.Context, cfg Config) error {
 				"node", NodeSeedFile, "client", ClientSeedFile, "operator", OperatorSeedFile)
 		}
 	}
-	nc, err := connect(cfg, url)
+	// A server announcing lame duck mode (a rolling restart) gets the
+	// node's connection moved off it before it closes it.
+	var nodeRef atomic.Pointer[mesh.Node]
+	nc, err := connect(cfg, url, mesh.LameDuckHandler(&nodeRef))
 	if err != nil {
 		return err
 	}
@@ -396,6 +399,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	nodeRef.Store(node)
 	for k, f := range cfg.factories(node, kinds) {
 		if err := node.Register(k, f); err != nil {
 			return err
@@ -565,7 +569,7 @@ func startEmbedded(cfg *Config) (*server.Server, io.Closer, error) {
 }
 
 // connect dials NATS with the configured credentials; it reconnects forever.
-func connect(cfg Config, url string) (*nats.Conn, error) {
+func connect(cfg Config, url string, extra ...nats.Option) (*nats.Conn, error) {
 	log := cfg.Logger
 	opts := []nats.Option{
 		nats.Name(membership.ConnNamePrefix + cfg.Name),
@@ -590,6 +594,7 @@ func connect(cfg Config, url string) (*nats.Conn, error) {
 			log.Error("NATS async error", "subject", subj, "err", err)
 		}),
 	}
+	opts = append(opts, extra...)
 	if cfg.CredsFile != "" {
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
 	}

@@ -83,6 +83,8 @@ type Client struct {
 	fl   flights     // flights by owner generation; departed generations
 	shut atomic.Bool // Close started: flights end with ErrClosing
 
+	moving atomic.Pointer[chan struct{}] // while MoveConnection runs: closed when it ends (move.go)
+
 	answersSub *nats.Subscription
 	status     chan nats.Status
 	statusDone chan struct{}
@@ -413,7 +415,9 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			return Receipt{ID: d.ID, Attempts: attempt - 1}, unsent(d, attempt, last)
 		}
 		var err error
-		node, err = c.cfg.Resolver.Resolve(ctx, d.To)
+		if err = c.awaitMove(ctx, deadline); err == nil {
+			node, err = c.cfg.Resolver.Resolve(ctx, d.To)
+		}
 		if err == nil {
 			var published bool
 			published, err = c.leg(ctx, deadline, d, f, node, attempt, t)

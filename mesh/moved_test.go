@@ -319,3 +319,65 @@ func TestAwaitedRequestResponseGone(t *testing.T) {
 		}
 	}
 }
+
+// TestMoveConnectionLosesNoAwaitedResponse: moving the client's connection
+// (as LameDuckHandler does when its server announces lame duck mode) waits
+// for the awaited response before it reconnects, so the Request gets it
+// instead of outcome-unknown; a delivery started during the move waits for
+// it and then goes through.
+func TestMoveConnectionLosesNoAwaitedResponse(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	var mu sync.Mutex
+	var release chan struct{}
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		if d.Type == "block" {
+			mu.Lock()
+			r := release
+			mu.Unlock()
+			<-r
+		}
+		return d.Respond([]byte("ok"))
+	}
+	nc := natstest.Connect(t, s, nats.ReconnectWait(10*time.Millisecond))
+	c := newClient(t, nc, StaticResolver{Node: n.ID()})
+	for rep := range reps(t, 10) {
+		mu.Lock()
+		release = make(chan struct{})
+		r := release
+		mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		req := make(chan error, 1)
+		go func() {
+			resp, err := c.Request(ctx, Delivery{To: "rec/x", Type: "block"})
+			if err == nil && string(resp.Payload) != "ok" {
+				err = fmt.Errorf("response %q", resp.Payload)
+			}
+			req <- err
+		}()
+		natstest.Eventually(t, 10*time.Second, func() bool { return c.awaiting() == 1 }, "rep %d: accepted", rep)
+		before := nc.Stats().Reconnects
+		moved := make(chan error, 1)
+		go func() { moved <- c.MoveConnection(ctx) }()
+		natstest.Eventually(t, 10*time.Second, func() bool { return c.moving.Load() != nil }, "rep %d: moving", rep)
+		dlv := make(chan error, 1)
+		go func() {
+			_, err := c.Deliver(ctx, Delivery{To: "rec/y"})
+			dlv <- err
+		}()
+		close(r)
+		if err := <-req; err != nil {
+			t.Fatalf("rep %d: the awaited request: %v; want its response", rep, err)
+		}
+		if err := <-moved; err != nil {
+			t.Fatalf("rep %d: move: %v", rep, err)
+		}
+		if nc.Stats().Reconnects <= before {
+			t.Fatalf("rep %d: the connection did not move", rep)
+		}
+		if err := <-dlv; err != nil {
+			t.Fatalf("rep %d: a delivery during the move: %v", rep, err)
+		}
+		cancel()
+	}
+}
