@@ -12,7 +12,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/histo"
@@ -216,27 +215,16 @@ type Result struct {
 // DeliverAsync calls. ctx bounds the whole delivery, as for Deliver.
 func (c *Client) DeliverAsync(ctx context.Context, d Delivery) <-chan Result {
 	out := make(chan Result, 1)
-	start := time.Now()
-	var span trace.Span // nil: tracing off
-	if c.opts.tracer != nil {
-		ctx, span = c.startSend(ctx, &d, false)
-	}
-	key, t, err := c.begin(&d, true)
-	if err != nil {
-		if span != nil {
-			endSend(span, Receipt{ID: d.ID}, err)
-		}
-		out <- Result{Receipt: Receipt{ID: d.ID}, Err: err}
-		return out
-	}
-	go func() {
-		r, err := c.run(ctx, start, &d, key, t, nil)
-		if span != nil {
-			endSend(span, r, err)
-		}
-		out <- Result{Receipt: r, Err: err}
-	}()
+	c.deliverAsync(ctx, d, &asyncCall{out: out})
 	return out
+}
+
+// DeliverAsyncFunc is DeliverAsync with a callback: done receives the one
+// Result, on a goroutine of the client (or on the caller's, before
+// DeliverAsyncFunc returns, if d fails validation or the client is
+// closing). done must not block for long: it runs where the delivery ran.
+func (c *Client) DeliverAsyncFunc(ctx context.Context, d Delivery, done func(Result)) {
+	c.deliverAsync(ctx, d, &asyncCall{done: done})
 }
 
 // begin validates d and joins its lane; validate says whether d still
@@ -262,7 +250,7 @@ func (c *Client) begin(d *Delivery, validate bool) (LaneKey, *laneTicket, error)
 		return LaneKey{}, nil, verdict.ErrClosing
 	}
 	key := laneKeyOf(d)
-	return key, c.enqueueLane(key), nil
+	return key, c.enqueueLane(key, nil), nil
 }
 
 // run waits for the lane, runs the attempts and releases the lane. A ctx
@@ -278,7 +266,7 @@ func (c *Client) run(ctx context.Context, start time.Time, d *Delivery, key Lane
 	defer c.calls.leave()
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = time.Now().Add(c.opts.requestTimeout)
+		deadline = start.Add(c.opts.requestTimeout) // from the call: a DeliverAsync may start later
 	}
 	if f == nil {
 		f = &flight{id: d.ID, idempotent: d.Idempotent}
@@ -767,6 +755,7 @@ func (c *Client) Close() {
 		close(c.stop)
 		c.stopCancel()
 		c.interruptAll(evClosing)
+		c.launchAll() // DeliverAsync deliveries still queued end with ErrClosing
 		c.calls.shut()
 		_ = c.answersSub.Unsubscribe()
 		c.replies.stop()

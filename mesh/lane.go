@@ -88,6 +88,7 @@ type laneTicket struct {
 	state ticketState
 	epoch uint64        // the epoch of its last published leg
 	wake  chan struct{} // buffer 1: poked when it may have become the cursor
+	async *asyncCall    // a DeliverAsync delivery (async.go), whose goroutine starts when it may send
 }
 
 // ticketPool recycles tickets: a ticket is put back only when its lane pops
@@ -135,6 +136,10 @@ func (l *lane) mayHoldLocked(t *laneTicket, window int) bool {
 // held.
 func (l *lane) pokeLocked(window int) {
 	if i := l.cursorLocked(); i >= 0 && i-l.head < window && l.q[i].state == ticketPending {
+		if j := l.q[i].async; j != nil && !j.started {
+			j.launchLocked()
+			return
+		}
 		select {
 		case l.q[i].wake <- struct{}{}:
 		default:
@@ -144,7 +149,10 @@ func (l *lane) pokeLocked(window int) {
 
 // enqueueLane joins lane key without blocking; call order on a lane is the
 // order of enqueueLane calls. The ticket must be settled with finishLane.
-func (c *Client) enqueueLane(key LaneKey) *laneTicket {
+// With j (DeliverAsync), the ticket carries j and j's goroutine is started
+// at once if the ticket may send now, else when it becomes the lane's
+// cursor (pokeLocked) or j's context ends or the client closes.
+func (c *Client) enqueueLane(key LaneKey, j *asyncCall) *laneTicket {
 	c.lanesMu.Lock()
 	defer c.lanesMu.Unlock()
 	l := c.lanes[key]
@@ -158,9 +166,15 @@ func (c *Client) enqueueLane(key LaneKey) *laneTicket {
 	case <-t.wake:
 	default:
 	}
-	t.l, t.state, t.epoch = l, ticketPending, 0
+	t.l, t.state, t.epoch, t.async = l, ticketPending, 0, j
 	l.mu.Lock()
 	l.q = append(l.q, t)
+	if j != nil {
+		j.t, j.l = t, l
+		if l.mayHoldLocked(t, c.opts.window) {
+			j.launchLocked()
+		}
+	}
 	l.mu.Unlock()
 	return t
 }
@@ -312,7 +326,7 @@ func (c *Client) finishLane(t *laneTicket, accepted bool) {
 		done := l.q[l.head]
 		l.q[l.head] = nil
 		l.head++
-		done.l = nil
+		done.l, done.async = nil, nil
 		ticketPool.Put(done)
 	}
 	empty := l.head == len(l.q)

@@ -14,10 +14,12 @@ import (
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
-// SendTimeout bounds each frame delivery to a subscriber (its retry ladder
-// included); a subscriber that cannot be reached in that time is dropped and
-// recovers by subscribing again.
-const SendTimeout = 30 * time.Second
+// SendTimeout is the default bound of each frame delivery to a subscriber
+// (its retry ladder included): a frame is bounded by the sending client's
+// request timeout (mesh.WithRequestTimeout, default mesh.DefaultRequestTimeout),
+// counted from Publish. A subscriber that cannot be reached in that time is
+// dropped and recovers by subscribing again.
+const SendTimeout = mesh.DefaultRequestTimeout
 
 // Owner is the owning side of a hub's streams, used from inside the hub:
 // Handle answers subscribe and unsubscribe deliveries, Publish emits a
@@ -172,25 +174,24 @@ func (o *Owner) Frames() int64 {
 	return o.frames
 }
 
-// send delivers a frame on the lane (subscriber, stream); DeliverAsync keeps
-// the call order, so frames leave in version order. A subscriber that
-// cannot be reached is dropped.
+// send delivers a frame on the lane (subscriber, stream); DeliverAsyncFunc
+// keeps the call order, so frames leave in version order, pipelined in the
+// lane's window, with no goroutine of their own while they wait in the lane.
+// A subscriber that cannot be reached is dropped.
 func (o *Owner) send(sub subjects.Address, stream subjects.Stream, f Frame) {
 	o.mu.Lock()
 	o.frames++
 	o.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), SendTimeout)
-	res := o.sender.DeliverAsync(ctx, mesh.Delivery{From: o.self, To: sub, Stream: stream, Type: TypeFrame, Payload: encode(f),
-		Idempotent: true}) // the subscriber's (epoch, version) guard drops a frame applied twice
-	go func() {
-		defer cancel()
-		r := <-res
-		if r.Err == nil || f.Closed {
-			return
-		}
-		o.mu.Lock()
-		delete(o.subs[stream], sub)
-		o.mu.Unlock()
-		o.log.Info("sync-stream subscriber dropped", "owner", string(o.self), "subscriber", string(sub), "stream", string(stream), "err", fmt.Sprint(r.Err))
-	}()
+	closed := f.Closed
+	o.sender.DeliverAsyncFunc(context.Background(), mesh.Delivery{From: o.self, To: sub, Stream: stream, Type: TypeFrame, Payload: encode(f),
+		Idempotent: true}, // the subscriber's (epoch, version) guard drops a frame applied twice
+		func(r mesh.Result) {
+			if r.Err == nil || closed {
+				return
+			}
+			o.mu.Lock()
+			delete(o.subs[stream], sub)
+			o.mu.Unlock()
+			o.log.Info("sync-stream subscriber dropped", "owner", string(o.self), "subscriber", string(sub), "stream", string(stream), "err", fmt.Sprint(r.Err))
+		})
 }
