@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/natsmesh/natsmesh/verdict"
@@ -110,13 +111,25 @@ func (d *dedupe) forget(r *record) []string {
 	return r.takeAlsoLocked()
 }
 
+// unsettled reports whether err leaves nothing to record for a delivery: a
+// resendable verdict (the callee holds nothing), a failed build (the
+// handler never ran: the store behind hub.LoadState may have been
+// unreachable for a moment), or an unknown outcome (the node does not know
+// what became of it — say its state save went unanswered; the activation
+// that takes the state over may). Either way a re-send must be handled
+// afresh, not answered the same again for the whole window.
+func unsettled(err error) bool {
+	return err != nil && (verdict.IsResendable(err) || errors.Is(err, verdict.ErrActivationFailed) ||
+		errors.Is(err, verdict.ErrOutcomeUnknown))
+}
+
 // failed records a late terminal verdict for r, or forgets r if err is
-// resendable. It returns the other answer subjects owed the verdict.
+// unsettled. It returns the other answer subjects owed the verdict.
 func (d *dedupe) failed(r *record, err error) []string {
 	if r == nil {
 		return nil
 	}
-	if verdict.IsResendable(err) {
+	if unsettled(err) {
 		return d.forget(r)
 	}
 	d.mu.Lock()
@@ -128,15 +141,15 @@ func (d *dedupe) failed(r *record, err error) []string {
 }
 
 // responded records the response of request r, evicting the oldest kept
-// responses beyond the byte bound; a resendable failure forgets r instead.
+// responses beyond the byte bound; an unsettled failure forgets r instead.
 // It returns the other answer subjects owed the response (see also); a
 // duplicate that comes after it finds the recorded outcome instead.
 func (d *dedupe) responded(r *record, payload []byte, err error) []string {
 	if r == nil || !r.request {
 		return nil
 	}
-	if err != nil && verdict.IsResendable(err) {
-		return d.forget(r) // e.g. its state could not be saved (fenced): a re-send runs again
+	if unsettled(err) {
+		return d.forget(r) // e.g. its state was not saved (fenced), or may not have been: a re-send runs again
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

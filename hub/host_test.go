@@ -158,15 +158,21 @@ func TestDedupeWindowEvicts(t *testing.T) {
 	if st, p, _ := d.outcomeOf(recs["c"]); st != recResponded || string(p) != "7890ab" {
 		t.Errorf("c: state %d %q", st, p)
 	}
-	// A resendable late failure forgets the ID; a terminal one is kept.
+	// A resendable late failure forgets the ID, and so does a failed build
+	// (the handler never ran); a terminal one is kept.
 	d.failed(recs["c"], verdict.ErrNotOwner)
 	if seen("c") || d.bytes != 0 {
 		t.Errorf("c still remembered (bytes %d) after a resendable late refusal", d.bytes)
 	}
 	r := d.lookup("d")
 	d.failed(r, verdict.ErrActivationFailed)
-	if st, _, err := d.outcomeOf(r); st != recFailed || !errors.Is(err, verdict.ErrActivationFailed) {
-		t.Errorf("d: %d %v", st, err)
+	if seen("d") {
+		t.Error("d still remembered after its build failed")
+	}
+	r = d.add("f", true, "")
+	d.failed(r, verdict.ErrBadRequest)
+	if st, _, err := d.outcomeOf(r); st != recFailed || !errors.Is(err, verdict.ErrBadRequest) {
+		t.Errorf("f: %d %v", st, err)
 	}
 	// Forgetting an old record leaves a newer one of the same ID alone.
 	old := d.add("e", false, "")
@@ -227,7 +233,7 @@ func TestDedupeAlsoAnswer(t *testing.T) {
 		case "response":
 			also = d.responded(r, []byte("ok"), nil)
 		case "terminal":
-			also = d.failed(r, verdict.ErrActivationFailed)
+			also = d.failed(r, verdict.ErrBadRequest)
 		case "resendable":
 			also = d.failed(r, verdict.ErrNotOwner)
 		}

@@ -169,7 +169,9 @@ func (s *State) MaxSize() int { return s.store.MaxValueSize() }
 //     this error is answered not-the-owner (nothing persisted: resendable).
 //   - [ErrStateUnknown]: the store could not say whether data was written;
 //     the activation stands down (it no longer knows its revision), and a
-//     request whose handler returns this error is answered Failed.
+//     request whose handler returns this error is answered outcome-unknown
+//     (verdict.ErrOutcomeUnknown) and its delivery ID forgotten, so that
+//     its re-send reaches the activation that takes the state over.
 func (s *State) Save(ctx context.Context, data []byte) error {
 	if max := s.store.MaxValueSize(); len(data) > max {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrStateTooLarge, len(data), max)
@@ -204,13 +206,19 @@ func (s *State) Save(ctx context.Context, data []byte) error {
 // stateVerdict maps a handler's state error to the verdict its requester
 // gets, or nil for other errors: nothing persisted because the activation
 // was fenced is resendable (not the owner: re-resolve); nothing persisted
-// because the store was unreachable is resendable (the store is down).
+// because the store was unreachable is resendable (the store is down); a
+// save the store could not settle is outcome-unknown (it may have been
+// stored: the caller reconciles, for instance by re-sending the same
+// delivery ID, which the intake then does not answer from its dedupe
+// window but hands to whichever activation holds the state now).
 func stateVerdict(err error, node string) *verdict.Error {
 	switch {
 	case errors.Is(err, ErrStateFenced):
 		return &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "state not saved", Node: node, Err: err}
 	case errors.Is(err, ErrStateUnavailable):
 		return &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "state not saved", Node: node, Err: err}
+	case errors.Is(err, ErrStateUnknown):
+		return &verdict.Error{Reason: verdict.ReasonOutcomeUnknown, Message: "state save outcome unknown", Node: node, Err: err}
 	}
 	return nil
 }

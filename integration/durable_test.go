@@ -82,6 +82,34 @@ type saveWatch struct {
 	maxEpoch map[string]uint64
 	writes   int
 	stale    []string
+	history  map[string][]watchedWrite // key -> the writes seen, in order
+}
+
+// watchedWrite is one write the watcher saw.
+type watchedWrite struct {
+	rev, epoch uint64
+	owner      subjects.NodeID
+	data       string
+}
+
+func (w watchedWrite) String() string {
+	d := w.data
+	if i := strings.LastIndexByte(d, '\n'); i >= 0 {
+		first, _, _ := strings.Cut(d, "\n")
+		d = first + " … newest " + d[i+1:]
+	}
+	return fmt.Sprintf("rev %d epoch %d owner %s: %s", w.rev, w.epoch, w.owner, d)
+}
+
+// around returns the writes of key whose counter is within 1 of v.
+func (sw *saveWatch) around(key string, v uint64) []string {
+	var out []string
+	for _, w := range sw.history[key] {
+		if n, err := counterhub.Value([]byte(w.data)); err == nil && n+1 >= v && n <= v+1 {
+			out = append(out, w.String())
+		}
+	}
+	return out
 }
 
 func watchSaves(t *testing.T, kv jetstream.KeyValue) *saveWatch {
@@ -91,7 +119,7 @@ func watchSaves(t *testing.T, kv jetstream.KeyValue) *saveWatch {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sw := &saveWatch{maxEpoch: map[string]uint64{}}
+	sw := &saveWatch{maxEpoch: map[string]uint64{}, history: map[string][]watchedWrite{}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -102,6 +130,7 @@ func watchSaves(t *testing.T, kv jetstream.KeyValue) *saveWatch {
 			r, err := hubstate.Decode(e.Value())
 			sw.mu.Lock()
 			sw.writes++
+			sw.history[e.Key()] = append(sw.history[e.Key()], watchedWrite{e.Revision(), r.Epoch, r.Owner, string(r.Data)})
 			switch {
 			case err != nil:
 				sw.stale = append(sw.stale, fmt.Sprintf("%s rev %d: %v", e.Key(), e.Revision(), err))
@@ -156,8 +185,9 @@ func chaosFlagSet() bool {
 // (the bounded CI run), then, with -chaos=D, random faults for D. A worker
 // re-sends an increment whose outcome it does not know with the same
 // delivery ID until it is acknowledged (the counter remembers the IDs of
-// its last increments in its durable state, so a re-send, even to a
-// successor activation, is answered its value instead of counted again).
+// the last increments of each stream — each worker sends on its own — in
+// its durable state, so a re-send, even to a successor activation, is
+// answered its value instead of counted again).
 // So every increment is acknowledged exactly once, and afterwards every
 // stored counter equals its number of acknowledged increments (0 lost, 0
 // extra), the acknowledged values are exactly 1..n (no value acknowledged
@@ -165,7 +195,6 @@ func chaosFlagSet() bool {
 // its successor took the state over (every write the test watched carries
 // the highest epoch written for its key so far).
 func TestClusterDurableChaos(t *testing.T) {
-	onlyWithChaosFlag(t, "a counter sometimes stores one increment more than were acknowledged (a value no request got)")
 	began := time.Now()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
@@ -191,15 +220,16 @@ func TestClusterDurableChaos(t *testing.T) {
 	reasons := map[string]int{}
 	attempts, resent := 0, 0
 	var unresolved []string
+	tries := map[string][]string{} // delivery ID -> each attempt's outcome
 	// increment sends one increment to counter i under id until it is
 	// acknowledged, or until giveUp closes and a further minute passed.
 	giveUp := make(chan struct{})
-	increment := func(i int, id string) bool {
+	increment := func(i int, stream, id string) bool {
 		addr := subjects.Address(fmt.Sprintf("dctr/c%d", i))
 		var deadline <-chan time.Time
 		for try := 0; ; try++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			r, err := tc.Request(ctx, mesh.Delivery{ID: id, To: addr, Type: counterhub.Inc})
+			r, err := tc.Request(ctx, mesh.Delivery{ID: id, To: addr, Stream: subjects.Stream(stream), Type: counterhub.Inc})
 			cancel()
 			mu.Lock()
 			attempts++
@@ -208,8 +238,10 @@ func TestClusterDurableChaos(t *testing.T) {
 			}
 			if err == nil {
 				logs[i].record(id, r)
+				tries[id] = append(tries[id], fmt.Sprintf("%s from %s", r.Payload, r.Node))
 			} else {
 				reasons[reasonOf(err)]++
+				tries[id] = append(tries[id], err.Error())
 			}
 			mu.Unlock()
 			if err == nil {
@@ -244,7 +276,7 @@ func TestClusterDurableChaos(t *testing.T) {
 					return
 				default:
 				}
-				increment(w%counters, fmt.Sprintf("dchaos-%d-%d", w, seq))
+				increment(w%counters, fmt.Sprintf("w%d", w), fmt.Sprintf("dchaos-%d-%d", w, seq))
 			}
 		}()
 	}
@@ -318,7 +350,7 @@ func TestClusterDurableChaos(t *testing.T) {
 	// Settle: one more acknowledged increment per counter takes each
 	// address over wherever a woken activation might still hold it.
 	for i := range counters {
-		increment(i, fmt.Sprintf("dchaos-settle-%d", i))
+		increment(i, "settle", fmt.Sprintf("dchaos-settle-%d", i))
 	}
 
 	mu.Lock()
@@ -339,11 +371,25 @@ func TestClusterDurableChaos(t *testing.T) {
 		if got != acked {
 			t.Errorf("%s: stored %d, but %d increments were acknowledged (%d lost, %d extra)", addr, got, acked, max(0, int(acked)-int(got)), max(0, int(got)-int(acked)))
 		}
-		for v := uint64(1); v <= acked; v++ {
-			if _, ok := l.acked[v]; !ok {
-				t.Errorf("%s: value %d never acknowledged, though %d increments were", addr, v, acked)
-				break
+		for v := uint64(1); v <= max(acked, got); v++ {
+			if _, ok := l.acked[v]; ok {
+				continue
 			}
+			t.Errorf("%s: value %d never acknowledged, though %d increments were", addr, v, acked)
+			saves.mu.Lock()
+			near := saves.around(hubstate.Key(addr), v)
+			saves.mu.Unlock()
+			t.Logf("%s: the writes watched around %d:\n  %s", addr, v, strings.Join(near, "\n  "))
+			for _, id := range []string{l.acked[v-1], l.acked[v+1]} {
+				t.Logf("%s: %s's attempts: %q", addr, id, tries[id])
+			}
+			for _, w := range near {
+				if _, id, ok := strings.Cut(w, " … newest "); ok {
+					_, id, _ = strings.Cut(id, " ")
+					t.Logf("%s: %s's attempts: %q", addr, id, tries[id])
+				}
+			}
+			break
 		}
 	}
 	saves.mu.Lock()

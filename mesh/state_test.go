@@ -406,8 +406,24 @@ func TestStateBatchedSaves(t *testing.T) {
 func TestStateRememberedIncrement(t *testing.T) {
 	s := natstest.RunServer(t)
 	o := counterhub.Options{Remember: 3}
-	a := stateNode(t, s, "a", fastMembership, o)
-	b := stateNode(t, s, "b", fastMembership, o)
+	// A node remembers one delivery ID in its intake's dedupe window, so
+	// that re-sends reach the hub, whose own memory is under test.
+	forgetful := func(name string) *Node {
+		mc := fastMembership
+		n, err := NewNode(NodeConfig{Conn: natstest.Connect(t, s), Name: name, Membership: &mc, Host: hub.Config{DedupeWindow: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Register("ctr", counterhub.Factory(o)); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	a, b := forgetful("a"), forgetful("b")
 	waitMembers(t, 2, a, b)
 	const addr = "ctr/remembered"
 	send := func(id, typ string) uint64 {
@@ -465,5 +481,159 @@ func TestStateRememberedIncrement(t *testing.T) {
 	// The state keeps the last 3 increments' IDs, no more.
 	if d := storedRecord(t, s, addr).Data; strings.Count(string(d), "\n") != 3 {
 		t.Fatalf("stored state %q: want the counter and 3 IDs", d)
+	}
+	// The bound is per stream: however many increments another stream
+	// sends meanwhile, a stream's last increment stays remembered.
+	onStream := func(id, stream string) uint64 {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := b.Client.Request(ctx, Delivery{ID: id, To: addr, Stream: subjects.Stream(stream), Type: counterhub.Inc})
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		v, _ := strconv.ParseUint(string(r.Payload), 10, 64)
+		return v
+	}
+	first := onStream("slow-1", "slow")
+	for i := range 10 {
+		onStream(fmt.Sprint("fast-", i), "fast")
+	}
+	for _, nd := range []*Node{a, b} {
+		nd.Host().Deactivate(addr)
+	}
+	if v := onStream("slow-1", "slow"); v != first {
+		t.Fatalf("slow-1 re-sent after 10 increments on another stream: %d, want %d", v, first)
+	}
+	if v := stored(); v != first+10 {
+		t.Fatalf("stored %d, want %d", v, first+10)
+	}
+}
+
+// lostAckStore is the node's real state store, except that the saves named
+// in lose are stored and then reported hub.ErrStateUnknown, as when the
+// bucket's acknowledgement is lost (a NATS server dies with it in flight).
+type lostAckStore struct {
+	*hubstate.Store
+	mu        sync.Mutex
+	lose      int // saves still to report unknown
+	failTakes int // takeovers still to fail, as when the bucket has no leader
+}
+
+func (s *lostAckStore) Take(ctx context.Context, addr subjects.Address, owner subjects.NodeID) (hub.StateRecord, error) {
+	s.mu.Lock()
+	fail := s.failTakes > 0
+	if fail {
+		s.failTakes--
+	}
+	s.mu.Unlock()
+	if fail {
+		return hub.StateRecord{}, fmt.Errorf("%w (last: nats: no response from stream) (test)", context.DeadlineExceeded)
+	}
+	return s.Store.Take(ctx, addr, owner)
+}
+
+func (s *lostAckStore) Save(ctx context.Context, addr subjects.Address, prev hub.StateRecord, data []byte) (hub.StateRecord, error) {
+	rec, err := s.Store.Save(ctx, addr, prev, data)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && s.lose > 0 {
+		s.lose--
+		return hub.StateRecord{}, fmt.Errorf("%w: the acknowledgement was lost (test)", hub.ErrStateUnknown)
+	}
+	return rec, err
+}
+
+// TestStateUnknownSaveReconciledByResend: a save whose outcome the store
+// cannot settle (it was in fact stored) answers its request
+// outcome-unknown — not a handler failure — and the activation stands
+// down; the node does not pin that answer on the delivery ID, so the
+// caller's re-send of the same ID reaches the activation that took the
+// state over, which (the counter remembering its increments' IDs) answers
+// the stored value: counted once, acknowledged once.
+func TestStateUnknownSaveReconciledByResend(t *testing.T) {
+	s, _, store, send := lostAckNode(t, "ctr/unknown")
+	const addr = "ctr/unknown"
+	for i := 1; i <= 3; i++ {
+		id := fmt.Sprint("u", i)
+		store.mu.Lock()
+		store.lose = 1
+		store.mu.Unlock()
+		_, err := send(id)
+		if !errors.Is(err, verdict.ErrOutcomeUnknown) || errors.Is(err, verdict.ErrHandler) {
+			t.Fatalf("%s: %v, want outcome-unknown", id, err)
+		}
+		// Re-sent, it is answered the stored value; again, the same.
+		for range 2 {
+			var v string
+			natstest.Eventually(t, 10*time.Second, func() bool {
+				v, err = send(id)
+				return err == nil
+			}, "%s re-sent is answered", id)
+			if v != fmt.Sprint(i) {
+				t.Fatalf("%s re-sent: %q, want %d", id, v, i)
+			}
+		}
+		if got, err := counterhub.Value(storedRecord(t, s, addr).Data); err != nil || got != uint64(i) {
+			t.Fatalf("after %s: stored %d, %v; want %d", id, got, err, i)
+		}
+	}
+}
+
+// lostAckNode starts a node hosting the remembering counter as "ctr" on a
+// lostAckStore, and returns a function that sends an increment to addr
+// under an ID.
+func lostAckNode(t *testing.T, addr subjects.Address) (*server.Server, *Node, *lostAckStore, func(id string) (string, error)) {
+	t.Helper()
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	st, err := hubstate.Open(context.Background(), hubstate.Config{Conn: nc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &lostAckStore{Store: st}
+	mc := fastMembership
+	n, err := NewNode(NodeConfig{Conn: nc, Name: "a", Membership: &mc, Host: hub.Config{State: store}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Register("ctr", counterhub.Factory(counterhub.Options{Remember: 8})); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return s, n, store, func(id string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := n.Client.Request(ctx, Delivery{ID: id, To: addr, Type: counterhub.Inc})
+		return string(r.Payload), err
+	}
+}
+
+// TestStateBuildFailureResendRebuilds: an activation whose state takeover
+// failed (the bucket unreachable for a moment) answers activation-failed;
+// the handler never ran, so the node does not pin that answer on the
+// delivery ID: the re-send of the same ID builds the hub again and is
+// handled, once.
+func TestStateBuildFailureResendRebuilds(t *testing.T) {
+	s, n, store, send := lostAckNode(t, "ctr/rebuild")
+	for i := 1; i <= 3; i++ {
+		id := fmt.Sprint("b", i)
+		store.mu.Lock()
+		store.failTakes = 1
+		store.mu.Unlock()
+		if _, err := send(id); !errors.Is(err, verdict.ErrActivationFailed) {
+			t.Fatalf("%s: %v, want activation-failed", id, err)
+		}
+		v, err := send(id)
+		if err != nil || v != fmt.Sprint(i) {
+			t.Fatalf("%s re-sent: %q, %v; want %d", id, v, err, i)
+		}
+		if got, err := counterhub.Value(storedRecord(t, s, "ctr/rebuild").Data); err != nil || got != uint64(i) {
+			t.Fatalf("after %s: stored %d, %v; want %d", id, got, err, i)
+		}
+		n.Host().Deactivate("ctr/rebuild") // the next delivery builds it again
 	}
 }

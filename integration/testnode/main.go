@@ -15,9 +15,9 @@
 //	       Test-Exec)
 //	slow   like count, after 50 ms of work
 //	dctr   the durable counter (internal/counterhub, DESIGN §7a): "inc" adds one,
-//	       saves, then responds with the new value; it remembers its last 64
-//	       increments' delivery IDs, so a re-sent one is answered, not
-//	       counted again. A delivery with payload "hold" reports "test.hold"
+//	       saves, then responds with the new value; it remembers the delivery
+//	       IDs of each stream's last 4 increments, so a re-sent one is
+//	       answered, not counted again. A delivery with payload "hold" reports "test.hold"
 //	       (headers Test-Node, Test-Address) and sleeps --hold-save between
 //	       its change and its save; its save's outcome, and
 //	       every failed save, is reported to "test.save" (headers Test-Node,
@@ -132,7 +132,7 @@ func main() {
 		}
 	}
 	dctr := counterhub.Factory(counterhub.Options{
-		Remember: 64, // a re-sent increment is answered its value, not counted again
+		Remember: 4, // per stream: a re-sent increment is answered its value, not counted again
 		BeforeSave: func(d *hub.Delivery) {
 			if string(d.Payload) == "hold" {
 				reportDelivery("test.hold", d, nil)

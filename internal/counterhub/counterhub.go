@@ -5,9 +5,13 @@
 // value.
 //
 // With Options.Remember the state also keeps the delivery IDs of the last
-// increments, one line each after the counter ("<value> <id>"), so that an
-// increment re-sent after an unknown outcome — possibly to a successor
-// activation — is answered its value again instead of adding one.
+// increments of each stream, one line each after the counter ("<value> <id>
+// <stream>"), so that an increment re-sent after an unknown outcome —
+// possibly to a successor activation — is answered its value again instead
+// of adding one. A sender that re-sends each increment until it is
+// answered before it sends the next on its stream needs 1; the bound is
+// per stream so that other senders' traffic, however fast, cannot push a
+// sender's unanswered increment out.
 package counterhub
 
 import (
@@ -39,11 +43,16 @@ type Options struct {
 	// its own value. BeforeSave and OnSave are not called for batches.
 	Batch bool
 	// Remember, if positive, makes increments idempotent by delivery ID:
-	// the state keeps the IDs of the last Remember increments with the
-	// value each got, and an increment whose ID is among them is answered
-	// that value without adding one (nor saving).
+	// the state keeps the IDs of the last Remember increments of each
+	// stream (of the last MaxStreams streams) with the value each got, and
+	// an increment whose ID is among them is answered that value without
+	// adding one (nor saving).
 	Remember int
 }
+
+// MaxStreams bounds the streams whose increments a remembering counter
+// keeps: past it, the stream that incremented least recently is forgotten.
+const MaxStreams = 64
 
 // Value parses a stored counter state: the counter on its first line (0
 // for empty state).
@@ -78,15 +87,15 @@ func Factory(o Options) hub.Factory {
 }
 
 type applied struct {
-	id    string
-	value uint64
+	id, stream string
+	value      uint64
 }
 
 type counter struct {
 	st     *hub.State
 	o      Options
 	n      uint64    // touched only on turns
-	recent []applied // the last o.Remember increments, oldest first
+	recent []applied // the remembered increments, oldest first
 }
 
 func (c *counter) decode(b []byte) error {
@@ -97,15 +106,16 @@ func (c *counter) decode(b []byte) error {
 	c.n = n
 	_, rest, _ := bytes.Cut(b, []byte("\n"))
 	for line := range strings.Lines(string(rest)) {
-		v, id, ok := strings.Cut(strings.TrimSuffix(line, "\n"), " ")
-		if !ok {
+		v, rest, ok := strings.Cut(strings.TrimSuffix(line, "\n"), " ")
+		id, stream, ok2 := strings.Cut(rest, " ")
+		if !ok || !ok2 {
 			return fmt.Errorf("counterhub: state line %q", line)
 		}
 		value, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			return fmt.Errorf("counterhub: state line %q: %w", line, err)
 		}
-		c.recent = append(c.recent, applied{id, value})
+		c.recent = append(c.recent, applied{id: id, stream: stream, value: value})
 	}
 	return nil
 }
@@ -118,6 +128,8 @@ func (c *counter) encode(n uint64, recent []applied) []byte {
 		b = strconv.AppendUint(b, a.value, 10)
 		b = append(b, ' ')
 		b = append(b, a.id...)
+		b = append(b, ' ')
+		b = append(b, a.stream...)
 	}
 	return b
 }
@@ -135,13 +147,36 @@ func (c *counter) seen(recent []applied, id string) (uint64, bool) {
 	return 0, false
 }
 
-// remember returns recent with id's increment to value appended (bounded).
-func (c *counter) remember(recent []applied, id string, value uint64) []applied {
-	if c.o.Remember <= 0 || id == "" {
+// remember returns a copy of recent (oldest first) with d's increment to
+// value appended, keeping the last Remember of each stream and the last
+// MaxStreams streams.
+func (c *counter) remember(recent []applied, d *hub.Delivery, value uint64) []applied {
+	if c.o.Remember <= 0 || d.ID == "" {
 		return recent
 	}
-	out := append(recent[:len(recent):len(recent)], applied{id, value})
-	return out[max(0, len(out)-c.o.Remember):]
+	stream := string(d.Stream)
+	all := append(recent[:len(recent):len(recent)], applied{id: d.ID, stream: stream, value: value})
+	// Keep, newest first, Remember entries per stream of the MaxStreams
+	// most recent streams.
+	per := map[string]int{}
+	keep := make([]bool, len(all))
+	for i := len(all) - 1; i >= 0; i-- {
+		s := all[i].stream
+		if _, seen := per[s]; !seen && len(per) == MaxStreams {
+			continue
+		}
+		if per[s] < c.o.Remember {
+			per[s]++
+			keep[i] = true
+		}
+	}
+	out := all[:0:0]
+	for i, a := range all {
+		if keep[i] {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 func (c *counter) Handle(ctx context.Context, d *hub.Delivery) error {
@@ -155,7 +190,7 @@ func (c *counter) Handle(ctx context.Context, d *hub.Delivery) error {
 		f(d)
 	}
 	next := c.n + 1
-	recent := c.remember(c.recent, d.ID, next)
+	recent := c.remember(c.recent, d, next)
 	err := c.st.Save(ctx, c.encode(next, recent))
 	if f := c.o.OnSave; f != nil {
 		f(d, next, err)
@@ -184,7 +219,7 @@ func (c *batchCounter) HandleBatch(ctx context.Context, ds []*hub.Delivery) erro
 		}
 		next++
 		values[i] = next
-		recent = c.remember(recent, d.ID, next)
+		recent = c.remember(recent, d, next)
 	}
 	if next != c.n {
 		if err := c.st.Save(ctx, c.encode(next, recent)); err != nil {
