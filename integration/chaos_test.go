@@ -22,18 +22,6 @@ import (
 //	go test ./integration -run Chaos -v -args -chaos=5m
 var chaosDuration = flag.Duration("chaos", 8*time.Second, "how long TestClusterChaos injects faults")
 
-// onlyWithChaosFlag skips a test in the bounded CI run while a failure it
-// finds intermittently is known and not yet fixed (the why names it; the
-// open issue tracks it), and runs it whenever -chaos is given:
-//
-//	go test ./integration -run TestScenarioKillRegistryLeader -v -args -chaos=2m
-func onlyWithChaosFlag(t *testing.T, why string) {
-	t.Helper()
-	if !chaosFlagSet() {
-		t.Skipf("known intermittent failure, runs with -chaos: %s", why)
-	}
-}
-
 // TestClusterChaos runs steady request traffic on 30 lanes while nodes are
 // SIGKILLed, drained (SIGTERM) and frozen (SIGSTOP), and NATS servers are
 // killed, one fault at a time, each followed by recovery. It asserts what
