@@ -21,11 +21,22 @@ import (
 // fastMembership detects a silent node within about half a second.
 var fastMembership = MembershipConfig{Heartbeat: 100 * time.Millisecond, TTL: 400 * time.Millisecond, VerifyInterval: 100 * time.Millisecond}
 
+// steadyMembership is for tests of what holds while every node lives
+// (placement, single activation under claim races): heartbeats as fast as
+// fastMembership's, but a TTL no stall of a loaded machine outlasts, so
+// that no node is expired under the load the test itself makes.
+var steadyMembership = MembershipConfig{Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second}
+
 // clusterNode starts a node with membership on s with a recorder for "rec".
 func clusterNode(t *testing.T, s *server.Server, name string, rec *recorder, opts ...Option) (*Node, *nats.Conn) {
 	t.Helper()
+	return clusterNodeWith(t, s, name, rec, fastMembership, opts...)
+}
+
+// clusterNodeWith is clusterNode with membership settings mc.
+func clusterNodeWith(t *testing.T, s *server.Server, name string, rec *recorder, mc MembershipConfig, opts ...Option) (*Node, *nats.Conn) {
+	t.Helper()
 	nc := natstest.Connect(t, s)
-	mc := fastMembership
 	n, err := NewNode(NodeConfig{Conn: nc, Name: name, Membership: &mc}, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -63,15 +74,38 @@ func activeOn(nodes ...*Node) map[subjects.Address][]string {
 	return out
 }
 
+// sameGenerations fails t if any node rejoined under a new generation
+// since ids were taken (it was declared gone: the test's load stalled it).
+func sameGenerations(t *testing.T, ids []subjects.NodeID, nodes ...*Node) {
+	t.Helper()
+	for i, n := range nodes {
+		if n.ID() != ids[i] {
+			t.Errorf("%s rejoined as %s during the test", ids[i], n.ID())
+		}
+	}
+}
+
+func idsOf(nodes ...*Node) []subjects.NodeID {
+	var out []subjects.NodeID
+	for _, n := range nodes {
+		out = append(out, n.ID())
+	}
+	return out
+}
+
 // TestOneActivationPerAddress: deliveries from every node, through the
-// library and through the ingress, reach the one activation of each address.
+// library and through the ingress, reach the one activation of each
+// address. No node is expired meanwhile (steadyMembership), so every
+// address must have exactly one activation at the end.
 func TestOneActivationPerAddress(t *testing.T) {
 	s := natstest.RunServer(t)
 	rec := newRecorder()
-	a, _ := clusterNode(t, s, "a", rec)
-	b, _ := clusterNode(t, s, "b", rec)
-	c, _ := clusterNode(t, s, "c", rec)
+	a, _ := clusterNodeWith(t, s, "a", rec, steadyMembership)
+	b, _ := clusterNodeWith(t, s, "b", rec, steadyMembership)
+	c, _ := clusterNodeWith(t, s, "c", rec, steadyMembership)
 	waitMembers(t, 3, a, b, c)
+	ids := idsOf(a, b, c)
+	defer sameGenerations(t, ids, a, b, c)
 	const addrs = 60
 	ctx := context.Background()
 	plain := natstest.Connect(t, s)
@@ -106,13 +140,15 @@ func TestOneActivationPerAddress(t *testing.T) {
 }
 
 // TestClaimRace: two nodes racing to activate the same 1 000 addresses get
-// exactly one activation each.
+// exactly one activation each. No node is expired meanwhile
+// (steadyMembership: the race itself loads the machine).
 func TestClaimRace(t *testing.T) {
 	s := natstest.RunServer(t)
 	rec := newRecorder()
-	a, _ := clusterNode(t, s, "a", rec)
-	b, _ := clusterNode(t, s, "b", rec)
+	a, _ := clusterNodeWith(t, s, "a", rec, steadyMembership)
+	b, _ := clusterNodeWith(t, s, "b", rec, steadyMembership)
 	waitMembers(t, 2, a, b)
+	defer sameGenerations(t, idsOf(a, b), a, b)
 	const n = 1000
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*n)
