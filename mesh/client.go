@@ -799,9 +799,9 @@ type ClientStats struct {
 	// no pending call (it had timed out or failed already): counted and
 	// dropped, never handed to another call.
 	Unmatched int64 `json:"unmatched_answers"`
-	// Resent counts re-sends of accepted Requests whose response was
-	// awaited when their owner's connection moved (answered by the
-	// owner's dedupe: the kept response again, or response-gone).
+	// Resent counts re-sends (legs sent) of accepted Requests whose
+	// response was awaited when their owner's connection moved (answered
+	// by the owner's dedupe: the kept response again, or response-gone).
 	Resent int64 `json:"resent_awaited"`
 }
 

@@ -306,7 +306,6 @@ func (c *Client) resendAwaited(ctx context.Context, d *Delivery, f *flight, node
 		}
 		switch {
 		case err == nil:
-			c.resent.Add(1)
 			if _, verr := verdict.Decode(reply.Header); verr != nil && !verdict.IsResendable(verr) {
 				return verr
 			}
@@ -381,6 +380,7 @@ func (c *Client) resendLeg(ctx context.Context, d *Delivery, f *flight, node sub
 	if err := c.cfg.Conn.PublishMsg(msg); err != nil {
 		return nil, err
 	}
+	c.resent.Add(1)
 	select {
 	case reply := <-w.ch:
 		if reply.Header.Get("Status") == "503" && len(reply.Data) == 0 {
