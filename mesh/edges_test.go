@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -177,6 +178,8 @@ type holdProxy struct {
 	node *Node
 	gen  atomic.Uint64
 
+	fwd atomic.Int64 // legs forwarded to the node
+
 	mu   sync.Mutex
 	hold map[string]bool // delivery IDs whose first leg is held
 	held []*nats.Msg
@@ -232,6 +235,14 @@ func (p *holdProxy) forward(m *nats.Msg) {
 	if err := p.nc.PublishMsg(fwd); err != nil {
 		p.t.Errorf("proxy forward: %v", err)
 	}
+	p.fwd.Add(1)
+}
+
+// settled reports whether the node answered every leg the proxy forwarded
+// and handled everything it accepted.
+func (p *holdProxy) settled() bool {
+	st := p.node.Host().Stats()
+	return st.Accepted+st.Refused+st.DedupeHits >= p.fwd.Load() && st.Queued == 0
 }
 
 func (p *holdProxy) heldCount() int {
@@ -436,6 +447,278 @@ func TestWindowPositionEvents(t *testing.T) {
 				}
 				rec.mu.Unlock()
 			}
+		}
+	}
+}
+
+// TestSlotWaitersRaceEvents: with WithMaxInFlight(k), k = 1..3, k legs hold
+// every slot at an intake that does not answer; three deliveries to owner
+// X (a proxy in front of a real node) wait for a slot; then X departs
+// (before or racing the slots' release), the waiters' deadline passes
+// (alone or racing X's departure), or their ctx is cancelled racing the
+// release. Each waiter gets one verdict that matches the facts, read on
+// the real node: accepted ⇒ handled once; deadline-unsent or any other
+// resendable verdict ⇒ never handled; cancelled ⇒ handled at most once;
+// nothing else, and nothing handled twice.
+func TestSlotWaitersRaceEvents(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	p := newHoldProxy(t, s, n)
+	hang := subjects.NodeID{Name: "hang", Generation: 1}
+	held := holdIntake(t, s, hang)
+	res := ResolverFunc(func(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+		if addr.Kind() == "hold" {
+			return hang, nil
+		}
+		return p.Resolve(ctx, addr)
+	})
+	scenarios := []string{"depart", "depart-racing-release", "deadline", "deadline-racing-depart", "cancel-racing-release"}
+	count := map[string]int{}
+	for k := 1; k <= 3; k++ {
+		c := newClient(t, natstest.Connect(t, s), res, WithMaxInFlight(k),
+			WithRetry(RetryPolicy{Initial: time.Millisecond, Max: 2 * time.Millisecond, MaxRetries: 50}))
+		for rep := range reps(t, 70) {
+			sc := scenarios[rep%len(scenarios)]
+			name := fmt.Sprintf("k=%d rep %d %s", k, rep, sc)
+			var holders []<-chan Result
+			for j := range k {
+				holders = append(holders, c.DeliverAsync(context.Background(), Delivery{To: subjects.Address(fmt.Sprintf("hold/%d-%d-%d", k, rep, j))}))
+			}
+			natstest.Eventually(t, 10*time.Second, func() bool { return held.count() == k }, "%s: slots held", name)
+			x := subjects.NodeID{Name: "hp", Generation: p.gen.Load()}
+			depart := func() {
+				p.gen.Add(1) // legs to x now go nowhere
+				c.FailNode(x, "test departure")
+			}
+			timeout := 30 * time.Second
+			if sc == "deadline" || sc == "deadline-racing-depart" {
+				timeout = 10 * time.Millisecond
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			var ids []string
+			var waiters []<-chan Result
+			for j := range 3 {
+				id := fmt.Sprintf("w-%d-%d-%d", k, rep, j)
+				ids = append(ids, id)
+				waiters = append(waiters, c.DeliverAsync(ctx, Delivery{ID: id, To: subjects.Address(fmt.Sprintf("rec/w-%d-%d-%d", k, rep, j))}))
+			}
+			if timeout > time.Second {
+				natstest.Eventually(t, 10*time.Second, func() bool { return c.waiting() == 3 }, "%s: waiting for a slot", name)
+			}
+			switch sc {
+			case "depart":
+				depart()
+				held.release(hang)
+			case "depart-racing-release":
+				go held.release(hang)
+				depart()
+			case "deadline-racing-depart":
+				go func() {
+					<-ctx.Done()
+					depart()
+				}()
+			case "cancel-racing-release":
+				go held.release(hang)
+				cancel()
+			}
+			var outs []Result
+			for _, ch := range waiters {
+				r := <-ch
+				select {
+				case extra := <-ch:
+					t.Fatalf("%s: a second verdict %+v", name, extra)
+				default:
+				}
+				outs = append(outs, r)
+			}
+			cancel()
+			held.release(hang)
+			for _, ch := range holders {
+				if r := <-ch; r.Err != nil {
+					t.Fatalf("%s: slot holder: %v", name, r.Err)
+				}
+			}
+			natstest.Eventually(t, 10*time.Second, p.settled, "%s: node settled", name)
+			for j, r := range outs {
+				err, id := r.Err, ids[j]
+				count[sc+" "+verdictName(err)]++
+				switch {
+				case err == nil:
+					natstest.Eventually(t, 10*time.Second, func() bool { return rec.executions(id) == 1 }, "%s: %s accepted, handled once", name, id)
+				case verdict.IsResendable(err):
+					if sc == "depart" || sc == "depart-racing-release" {
+						t.Fatalf("%s: %s: %v; want re-resolved and accepted", name, id, err)
+					}
+					if (sc == "deadline" || sc == "deadline-racing-depart") && !unsentVerdict(err) {
+						t.Fatalf("%s: %s: %v; want deadline-unsent", name, id, err)
+					}
+					if e := rec.executions(id); e != 0 {
+						t.Fatalf("%s: %s reported resendable (%v), yet handled %d times", name, id, err, e)
+					}
+				case sc == "cancel-racing-release" && errors.Is(err, context.Canceled) && verdict.Classify(err) == verdict.Failed:
+					if e := rec.executions(id); e > 1 {
+						t.Fatalf("%s: %s handled %d times", name, id, e)
+					}
+				default:
+					t.Fatalf("%s: %s: %v (resendable %v, %v)", name, id, err, verdict.IsResendable(err), verdict.Classify(err))
+				}
+			}
+		}
+	}
+	t.Logf("verdicts: %v", count)
+}
+
+func verdictName(err error) string {
+	if err == nil {
+		return "Accepted"
+	}
+	return verdict.Classify(err).String() + "/" + verdict.ReasonOf(err).String()
+}
+
+// TestIdempotentRequestResentAfterLinkDrop: an Idempotent Request accepted
+// and awaiting its response when the sender's own link drops gets the
+// resendable disconnect; re-sent by the caller under the same ID after the
+// reconnect — while its handler still runs, or after it finished and its
+// response was lost — it gets the handler's one response, and the handler
+// runs once. A non-idempotent one gets outcome unknown; the response that
+// comes after it is counted, never handed to another call.
+func TestIdempotentRequestResentAfterLinkDrop(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	gates := sync.Map{} // delivery ID → chan struct{}
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		if g, ok := gates.Load(d.ID); ok {
+			<-g.(chan struct{})
+		}
+		return d.Respond([]byte("re:" + d.ID))
+	}
+	nc := natstest.Connect(t, s, nats.ReconnectWait(10*time.Millisecond), nats.MaxReconnects(-1))
+	c := newClient(t, nc, StaticResolver{Node: n.ID()})
+	for rep := range reps(t, 30) {
+		idem := rep%3 != 2
+		releaseFirst := rep%3 == 1 // the handler finishes before the re-send
+		id := fmt.Sprintf("idem-%d", rep)
+		gate := make(chan struct{})
+		gates.Store(id, gate)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		ch := make(chan error, 1)
+		go func() {
+			_, err := c.Request(ctx, Delivery{ID: id, To: "rec/idem", Idempotent: idem})
+			ch <- err
+		}()
+		natstest.Eventually(t, 10*time.Second, func() bool { return c.awaiting() == 1 && rec.executions(id) == 1 }, "rep %d: accepted, handler running", rep)
+		if err := nc.ForceReconnect(); err != nil {
+			t.Fatal(err)
+		}
+		err := <-ch
+		if !idem {
+			if !errors.Is(err, verdict.ErrOutcomeUnknown) || verdict.IsResendable(err) {
+				t.Fatalf("rep %d: %v; want outcome unknown", rep, err)
+			}
+			unmatched := c.Stats().Unmatched
+			natstest.Eventually(t, 10*time.Second, nc.IsConnected, "reconnected")
+			if err := nc.Flush(); err != nil { // the answer subscription is back on the server
+				t.Fatal(err)
+			}
+			close(gate)
+			natstest.Eventually(t, 10*time.Second, func() bool { return c.Stats().Unmatched >= unmatched+1 }, "rep %d: the late response counted (client %+v host %+v)", rep, c.Stats(), n.Host().Stats())
+			cancel()
+			continue
+		}
+		if !verdict.IsResendable(err) || verdict.Classify(err) != verdict.ShuttingDown {
+			t.Fatalf("rep %d (idempotent): %v; want the resendable disconnect", rep, err)
+		}
+		natstest.Eventually(t, 10*time.Second, nc.IsConnected, "reconnected")
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if releaseFirst {
+			close(gate)
+			natstest.Eventually(t, 10*time.Second, func() bool { return n.Host().Stats().Queued == 0 }, "rep %d: handled", rep)
+		} else {
+			go func() {
+				for dl := time.Now().Add(10 * time.Second); c.awaiting() != 1 && time.Now().Before(dl); {
+					time.Sleep(time.Millisecond) // the re-send accepted (else the request below fails)
+				}
+				close(gate)
+			}()
+		}
+		resp, err := c.Request(ctx, Delivery{ID: id, To: "rec/idem", Idempotent: true})
+		cancel()
+		if err != nil || string(resp.Payload) != "re:"+id {
+			t.Fatalf("rep %d: the re-send: %q %v; want the handler's one response", rep, resp.Payload, err)
+		}
+		if e := rec.executions(id); e != 1 {
+			t.Fatalf("rep %d: handler ran %d times", rep, e)
+		}
+	}
+}
+
+// TestIDEdgesEverywhere: delivery IDs at the edges of 1-128 bytes of
+// printable ASCII without spaces, through the Go sender, a raw client on a
+// node's delivery subject (the intake) and a raw client on the ingress:
+// the valid ones are accepted and handled once each (128 bytes, '!' and
+// '~', every printable byte), the invalid ones are refused invalid-id
+// (Failed, not transient) and handled nowhere (129 bytes, a tab, DEL, a
+// space inside, a byte over 0x7E, NUL; only whitespace, which NATS trims to
+// an empty value: the ingress refuses it rather than generating an ID that
+// the client's re-send under the same ID would not get).
+func TestIDEdgesEverywhere(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	raw := natstest.Connect(t, s)
+	var printable []byte
+	for b := byte(0x21); b <= 0x7e; b++ {
+		printable = append(printable, b)
+	}
+	valid := []string{strings.Repeat("~", 128), "!", "~", string(printable), strings.Repeat("a", 127) + "\x7e"}
+	invalid := []string{strings.Repeat("a", 129), "a\tb", "\t", " ", "a\x7f", "\x7f", "a b", "a\x80", "\xff", "ü", "a\x00b", "a\x1f"}
+	send := func(via string, id string, k int) error {
+		addr := subjects.Address(fmt.Sprintf("rec/%s-%d", via, k))
+		switch via {
+		case "sender":
+			_, err := n.Deliver(context.Background(), Delivery{ID: id, To: addr})
+			return err
+		case "intake", "ingress":
+			subj := subjects.DefaultPrefix.Ingress(addr, "")
+			if via == "intake" {
+				subj = subjects.DefaultPrefix.Delivery(n.ID(), addr, "")
+			}
+			m := nats.NewMsg(subj)
+			m.Header[hub.HeaderID] = []string{id} // as written: Set would canonicalise nothing, but be exact
+			r, err := raw.RequestMsg(m, 20*time.Second)
+			if err != nil {
+				t.Fatalf("%s %q: %v", via, id, err)
+			}
+			_, verr := verdict.Decode(r.Header)
+			if verr == nil && via == "ingress" && r.Header.Get(hub.HeaderID) != id {
+				t.Errorf("ingress %q: reply names ID %q", id, r.Header.Get(hub.HeaderID))
+			}
+			return verr
+		}
+		panic(via)
+	}
+	for _, via := range []string{"sender", "intake", "ingress"} {
+		for k, id := range valid {
+			if err := send(via, id, k); err != nil {
+				t.Errorf("%s: valid ID %q (%d bytes): %v", via, id, len(id), err)
+			}
+		}
+		for k, id := range invalid {
+			err := send(via, id, 100+k)
+			if !errors.Is(err, verdict.ErrInvalidID) || verdict.IsTransient(err) || verdict.Classify(err) != verdict.Failed {
+				t.Errorf("%s: invalid ID %q: %v; want invalid-id", via, id, err)
+			}
+		}
+		// Each valid ID went to every path once; the dedupe window is
+		// per node, so the second and third path's copies are duplicates.
+	}
+	for _, id := range valid {
+		natstest.Eventually(t, 10*time.Second, func() bool { return rec.executions(id) == 1 }, "ID %q handled once", id)
+	}
+	for _, id := range invalid {
+		if e := rec.executions(id); e != 0 {
+			t.Errorf("invalid ID %q handled %d times", id, e)
 		}
 	}
 }

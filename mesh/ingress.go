@@ -64,6 +64,13 @@ func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Strea
 	d := Delivery{To: addr, Stream: stream, Payload: m.Data}
 	if h != nil {
 		d.ID = h.Get(hub.HeaderID)
+		if _, set := h[hub.HeaderID]; set && d.ID == "" {
+			// Present but empty — NATS trims whitespace, so " " or a tab
+			// arrives so: refused, not replaced by a generated ID that
+			// the client's re-send under the same ID would not get.
+			n.answerIngress(m, "", "", hub.ValidateID(d.ID), nil)
+			return
+		}
 		d.Type = h.Get(hub.HeaderType)
 		d.From = subjects.Address(h.Get(hub.HeaderFrom))
 		d.Idempotent = h.Get(hub.HeaderIdempotent) == "true"
