@@ -146,10 +146,12 @@ func (c *Client) awaitResponse(ctx context.Context, d *Delivery, f *flight, r Re
 		f.mu.Unlock()
 		if err := c.resendAwaited(ctx, d, f, r.Node); err != nil {
 			f.mu.Lock()
-			f.phase = phaseDone
-			f.ansUsed = f.ans != nil
-			f.mu.Unlock()
-			return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, err)
+			if f.ans == nil {
+				f.phase = phaseDone
+				f.mu.Unlock()
+				return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, err)
+			}
+			f.mu.Unlock() // the answer came meanwhile: it is the fact
 		}
 	}
 	defer f.mu.Unlock()
