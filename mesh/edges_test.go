@@ -505,21 +505,26 @@ func TestSlotWaitersRaceEvents(t *testing.T) {
 			if timeout > time.Second {
 				natstest.Eventually(t, 10*time.Second, func() bool { return c.waiting() == 3 }, "%s: waiting for a slot", name)
 			}
+			racer := make(chan struct{}) // closed when the racing goroutine is done
 			switch sc {
 			case "depart":
 				depart()
 				held.release(hang)
+				close(racer)
 			case "depart-racing-release":
-				go held.release(hang)
+				go func() { held.release(hang); close(racer) }()
 				depart()
 			case "deadline-racing-depart":
 				go func() {
 					<-ctx.Done()
 					depart()
+					close(racer)
 				}()
 			case "cancel-racing-release":
-				go held.release(hang)
+				go func() { held.release(hang); close(racer) }()
 				cancel()
+			default:
+				close(racer)
 			}
 			var outs []Result
 			for _, ch := range waiters {
@@ -532,6 +537,7 @@ func TestSlotWaitersRaceEvents(t *testing.T) {
 				outs = append(outs, r)
 			}
 			cancel()
+			<-racer // a late release must not answer the next repetition's holders
 			held.release(hang)
 			for _, ch := range holders {
 				if r := <-ch; r.Err != nil {
@@ -721,4 +727,165 @@ func TestIDEdgesEverywhere(t *testing.T) {
 			t.Errorf("invalid ID %q handled %d times", id, e)
 		}
 	}
+}
+
+// TestLaneChaos: DeliverAsync pipelines on several lanes through a real
+// node (behind holdProxy, so one node sees every leg and dedupes every
+// re-send), with the window and the in-flight cap both binding, while a
+// chaos goroutine makes the owner generation depart (the proxy moves to a
+// new generation) and drops the client's own link, and some deliveries
+// are cancelled or have short deadlines. Every delivery gets one verdict;
+// accepted ⇒ handled once; resendable ⇒ never handled; cancelled or timed
+// out ⇒ handled at most once; nothing else; and no stream handles its
+// deliveries out of order.
+func TestLaneChaos(t *testing.T) {
+	const streams = 4
+	per := 300
+	if testing.Short() {
+		per = 60
+	}
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	p := newHoldProxy(t, s, n)
+	nc := natstest.Connect(t, s, nats.ReconnectWait(5*time.Millisecond), nats.MaxReconnects(-1))
+	c := newClient(t, nc, p, WithWindow(8), WithMaxInFlight(6),
+		WithRetry(RetryPolicy{Initial: time.Millisecond, Max: 4 * time.Millisecond, MaxRetries: 200}))
+	const addr = subjects.Address("rec/chaos")
+	stop := make(chan struct{})
+	chaosDone := make(chan int)
+	go func() {
+		events := 0
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				chaosDone <- events
+				return
+			case <-time.After(7 * time.Millisecond):
+			}
+			if i%3 == 2 {
+				_ = nc.ForceReconnect()
+			} else {
+				old := subjects.NodeID{Name: "hp", Generation: p.gen.Add(1) - 1}
+				c.FailNode(old, "chaos")
+			}
+			events++
+		}
+	}()
+	type out struct {
+		id   string
+		kind string // "", "cancel", "deadline"
+		ch   <-chan Result
+		err  error
+	}
+	outs := make([][]*out, streams)
+	var cancels []context.CancelFunc
+	for i := range per {
+		for st := range streams {
+			id := fmt.Sprintf("ch%d-%d", st, i)
+			o := &out{id: id}
+			ctx := context.Background()
+			switch (i*streams + st) % 17 {
+			case 5:
+				o.kind = "cancel"
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				cancels = append(cancels, cancel)
+				go func() {
+					time.Sleep(time.Duration(i%5) * time.Millisecond)
+					cancel()
+				}()
+			case 11:
+				o.kind = "deadline"
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, time.Duration(1+i%20)*time.Millisecond)
+				cancels = append(cancels, cancel)
+			}
+			pl := []byte{byte(st), byte(i >> 8), byte(i)}
+			o.ch = c.DeliverAsync(ctx, Delivery{ID: id, To: addr, Stream: subjects.Stream(fmt.Sprint(st)), Payload: pl})
+			outs[st] = append(outs[st], o)
+		}
+	}
+	tally := map[string]int{}
+	for st := range streams {
+		for _, o := range outs[st] {
+			r := <-o.ch
+			o.err = r.Err
+			select {
+			case extra := <-o.ch:
+				t.Fatalf("%s: a second verdict %+v", o.id, extra)
+			default:
+			}
+			tally[o.kind+":"+verdictName(o.err)]++
+		}
+	}
+	close(stop)
+	events := <-chaosDone
+	for _, cancel := range cancels {
+		cancel()
+	}
+	natstest.Eventually(t, 10*time.Second, nc.IsConnected, "reconnected")
+	// A probe on the client's connection after everything: the proxy has
+	// seen every leg before it, and forwards in order.
+	probe := "chaos-probe"
+	if _, err := c.Deliver(context.Background(), Delivery{ID: probe, To: "rec/probe"}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, p.settled, "node settled")
+	var resend []*out
+	for st := range streams {
+		for _, o := range outs[st] {
+			err, e := o.err, rec.executions(o.id)
+			switch {
+			case err == nil:
+				if e != 1 {
+					natstest.Eventually(t, 10*time.Second, func() bool { return rec.executions(o.id) == 1 }, "%s accepted, handled once (%d)", o.id, e)
+				}
+			case verdict.IsResendable(err):
+				// Handled at most once: a leg in flight when the link
+				// dropped or the owner departed may have been accepted
+				// before its deadline passed in back-off. Re-sent below.
+				if e > 1 {
+					t.Errorf("%s (%s): %v, resendable, handled %d times", o.id, o.kind, err, e)
+				}
+				if o.kind == "" {
+					t.Errorf("%s: %v; want accepted (200 retries)", o.id, err)
+				}
+				resend = append(resend, o)
+			case o.kind == "cancel" && errors.Is(err, context.Canceled),
+				o.kind == "deadline" && errors.Is(err, context.DeadlineExceeded):
+				if e > 1 {
+					t.Errorf("%s (%s): handled %d times", o.id, o.kind, e)
+				}
+			default:
+				t.Errorf("%s (%s): %v (resendable %v, %v)", o.id, o.kind, err, verdict.IsResendable(err), verdict.Classify(err))
+			}
+		}
+	}
+	rec.mu.Lock()
+	next := make([]int, streams)
+	for _, d := range rec.handled[addr] {
+		st, i := int(d.Payload[0]), int(d.Payload[1])<<8|int(d.Payload[2])
+		if i < next[st] {
+			t.Errorf("stream %d: delivery %d handled after %d (inversion or duplicate)", st, i, next[st]-1)
+		}
+		next[st] = i + 1
+	}
+	rec.mu.Unlock()
+	// "Resendable" means the same delivery may be sent again: re-sent under
+	// its ID, each is accepted and handled exactly once in all.
+	for _, o := range resend {
+		if _, err := c.Deliver(context.Background(), Delivery{ID: o.id, To: addr, Stream: "resend"}); err != nil {
+			t.Fatalf("%s: the re-send: %v", o.id, err)
+		}
+	}
+	for _, o := range resend {
+		natstest.Eventually(t, 10*time.Second, func() bool { return rec.executions(o.id) == 1 }, "%s re-sent: handled once (%d)", o.id, rec.executions(o.id))
+	}
+	natstest.Eventually(t, 10*time.Second, p.settled, "node settled")
+	for _, o := range resend {
+		if e := rec.executions(o.id); e != 1 {
+			t.Errorf("%s re-sent: handled %d times", o.id, e)
+		}
+	}
+	t.Logf("%d deliveries, %d chaos events, retries %d, %d re-sent by the caller: %v", streams*per, events, c.Stats().Retries, len(resend), tally)
 }
