@@ -889,3 +889,129 @@ func TestLaneChaos(t *testing.T) {
 	}
 	t.Logf("%d deliveries, %d chaos events, retries %d, %d re-sent by the caller: %v", streams*per, events, c.Stats().Retries, len(resend), tally)
 }
+
+// TestRequestLinkChaos: several callers each send a sequence of Requests on
+// their own stream to a real node, half of them Idempotent, while the
+// client's own link drops every few milliseconds. Each Request ends with
+// one verdict that matches the facts: its own response (handled once);
+// outcome unknown for a non-idempotent one accepted before a drop (Failed,
+// not resendable; handled once, never re-sent); a resendable verdict only
+// for what a re-send under the same ID settles — re-sent by the caller, it
+// gets the handler's one response. No stream is handled out of order.
+func TestRequestLinkChaos(t *testing.T) {
+	const callers = 4
+	per := 120
+	if testing.Short() {
+		per = 30
+	}
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		if d.Payload[2]%5 == 0 {
+			time.Sleep(2 * time.Millisecond) // some responses are awaited when the link drops
+		}
+		return d.Respond([]byte("re:" + d.ID))
+	}
+	nc := natstest.Connect(t, s, nats.ReconnectWait(5*time.Millisecond), nats.MaxReconnects(-1))
+	c := newClient(t, nc, StaticResolver{Node: n.ID()},
+		WithRetry(RetryPolicy{Initial: time.Millisecond, Max: 4 * time.Millisecond, MaxRetries: 200}))
+	const addr = subjects.Address("rec/reqchaos")
+	stop := make(chan struct{})
+	chaosDone := make(chan int)
+	go func() {
+		drops := 0
+		for {
+			select {
+			case <-stop:
+				chaosDone <- drops
+				return
+			case <-time.After(9 * time.Millisecond):
+			}
+			_ = nc.ForceReconnect()
+			drops++
+		}
+	}()
+	type out struct {
+		id   string
+		idem bool
+		resp Response
+		err  error
+	}
+	outs := make([][]out, callers)
+	var wg sync.WaitGroup
+	for g := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				o := out{id: fmt.Sprintf("rq%d-%d", g, i), idem: (g+i)%2 == 0}
+				o.resp, o.err = c.Request(context.Background(), Delivery{ID: o.id, To: addr, Stream: subjects.Stream(fmt.Sprint(g)),
+					Idempotent: o.idem, Payload: []byte{byte(g), byte(i >> 8), byte(i)}})
+				outs[g] = append(outs[g], o)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	drops := <-chaosDone
+	natstest.Eventually(t, 10*time.Second, nc.IsConnected, "reconnected")
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { return n.Host().Stats().Queued == 0 }, "node settled")
+	tally := map[string]int{}
+	var resend []out
+	for g := range callers {
+		for _, o := range outs[g] {
+			tally[fmt.Sprintf("idem=%v %s", o.idem, verdictName(o.err))]++
+			switch err := o.err; {
+			case err == nil:
+				if string(o.resp.Payload) != "re:"+o.id {
+					t.Errorf("%s: response %q", o.id, o.resp.Payload)
+				}
+			case errors.Is(err, verdict.ErrOutcomeUnknown):
+				if o.idem || verdict.IsResendable(err) || !verdict.IsTransient(err) || verdict.Classify(err) != verdict.Failed {
+					t.Errorf("%s (idempotent %v): %v", o.id, o.idem, err)
+				}
+			case verdict.IsResendable(err):
+				if !o.idem && !errors.Is(err, verdict.ErrDeadlineUnsent) {
+					t.Errorf("%s: not idempotent, yet %v", o.id, err)
+				}
+				resend = append(resend, o)
+			default:
+				t.Errorf("%s (idempotent %v): %v (resendable %v, %v)", o.id, o.idem, err, verdict.IsResendable(err), verdict.Classify(err))
+			}
+		}
+	}
+	for g := range callers {
+		for _, o := range outs[g] {
+			if o.err == nil || errors.Is(o.err, verdict.ErrOutcomeUnknown) {
+				if e := rec.executions(o.id); e != 1 {
+					t.Errorf("%s (%v): handled %d times", o.id, o.err, e)
+				}
+			} else if e := rec.executions(o.id); e > 1 {
+				t.Errorf("%s (%v): handled %d times", o.id, o.err, e)
+			}
+		}
+	}
+	rec.mu.Lock()
+	next := make([]int, callers)
+	for _, d := range rec.handled[addr] {
+		g, i := int(d.Payload[0]), int(d.Payload[1])<<8|int(d.Payload[2])
+		if i < next[g] {
+			t.Errorf("stream %d: request %d handled after %d", g, i, next[g]-1)
+		}
+		next[g] = i + 1
+	}
+	rec.mu.Unlock()
+	for _, o := range resend {
+		resp, err := c.Request(context.Background(), Delivery{ID: o.id, To: addr, Stream: "resend", Idempotent: o.idem, Payload: []byte{0, 0, 1}})
+		if err != nil || string(resp.Payload) != "re:"+o.id {
+			t.Errorf("%s: re-sent after %v: %q %v; want the handler's one response", o.id, o.err, resp.Payload, err)
+		}
+		if e := rec.executions(o.id); e != 1 {
+			t.Errorf("%s re-sent: handled %d times", o.id, e)
+		}
+	}
+	t.Logf("%d requests, %d link drops, %d re-sent by the caller: %v", callers*per, drops, len(resend), tally)
+}
