@@ -16,6 +16,7 @@ import (
 	"github.com/natsmesh/natsmesh/hub"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -1014,4 +1015,78 @@ func TestRequestLinkChaos(t *testing.T) {
 		}
 	}
 	t.Logf("%d requests, %d link drops, %d re-sent by the caller: %v", callers*per, drops, len(resend), tally)
+}
+
+// TestPipelineOwnerCrash: a DeliverAsync pipeline on one lane to an
+// address owned by b, in a real two-node mesh; b's connection dies
+// mid-pipeline (a crash). Every delivery gets one verdict: accepted (by b
+// before the crash, or by a after the takeover) or none other; what a
+// accepted it handles once, in lane order; what b accepted is never
+// handled by a. (A delivery b ran while its link was going, whose Accepted
+// reply was lost, is re-sent to a: the documented window of a crash,
+// DESIGN §6; counted, not failed.)
+func TestPipelineOwnerCrash(t *testing.T) {
+	for rep := range reps(t, 3) {
+		s := natstest.RunServer(t)
+		recA, recB := newRecorder(), newRecorder()
+		a, _ := clusterNode(t, s, "a", recA)
+		b, bConn := clusterNode(t, s, "b", recB)
+		waitMembers(t, 2, a, b)
+		var target subjects.Address
+		for i := 0; ; i++ {
+			target = subjects.Address(fmt.Sprintf("rec/crash%d-%d", rep, i))
+			if n, _ := directory.Place(target, []subjects.NodeID{a.ID(), b.ID()}); n == b.ID() {
+				break
+			}
+		}
+		const total = 400
+		var chans []<-chan Result
+		for i := range total {
+			chans = append(chans, a.DeliverAsync(context.Background(), Delivery{ID: fmt.Sprintf("pc%d-%d", rep, i), To: target, Payload: []byte{byte(i >> 8), byte(i)}}))
+			if i == total/4 {
+				natstest.Eventually(t, 10*time.Second, func() bool { return recB.total() > 0 }, "b handling")
+				bConn.Close()
+			}
+		}
+		byNode := map[string]int{}
+		for i, ch := range chans {
+			r := <-ch
+			if r.Err != nil {
+				t.Fatalf("rep %d: delivery %d: %v (resendable %v); want re-resolved and accepted", rep, i, r.Err, verdict.IsResendable(r.Err))
+			}
+			byNode[r.Node.Name]++
+			id := r.ID
+			switch r.Node {
+			case a.ID():
+				natstest.Eventually(t, 10*time.Second, func() bool { return recA.executions(id) == 1 }, "rep %d: %s accepted by a, handled once", rep, id)
+			case b.ID():
+				// Accepted by b: never re-sent, so never handled by a; b
+				// ran it once, or it was lost with b's queue.
+				if recA.executions(id) != 0 || recB.executions(id) > 1 {
+					t.Errorf("rep %d: %s accepted by b, handled %d times by a, %d by b", rep, id, recA.executions(id), recB.executions(id))
+				}
+			default:
+				t.Errorf("rep %d: %s accepted by %s", rep, id, r.Node)
+			}
+		}
+		twice := 0
+		for i := range total {
+			id := fmt.Sprintf("pc%d-%d", rep, i)
+			if recA.executions(id)+recB.executions(id) > 1 {
+				twice++
+			}
+		}
+		recA.mu.Lock()
+		last := -1
+		for _, d := range recA.handled[target] {
+			i := int(d.Payload[0])<<8 | int(d.Payload[1])
+			if i <= last {
+				t.Errorf("rep %d: a handled %d after %d", rep, i, last)
+			}
+			last = i
+		}
+		recA.mu.Unlock()
+		t.Logf("rep %d: accepted by %v; handled by b %d, by a %d; %d handled on both (the crash window)", rep, byNode, recB.total(), recA.total(), twice)
+		b.Close()
+	}
 }
