@@ -176,7 +176,7 @@ func (n *Node) openState(ctx context.Context) error {
 	}
 	var st *hubstate.Store
 	err := membership.RetryEach(ctx, n.cfg.Logger, "bind the durable state bucket "+hubstate.BucketName(n.prefix), func(ctx context.Context) (err error) {
-		st, err = hubstate.Open(ctx, hubstate.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, MaxValueSize: mc.StateMaxValueSize})
+		st, err = hubstate.Open(ctx, hubstate.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, MaxValueSize: mc.StateMaxValueSize, Logger: n.cfg.Logger})
 		return err
 	})
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -72,7 +73,7 @@ type Config struct {
 	Prefix subjects.Prefix
 	// Replicas of the bucket, used when this node creates it; zero means
 	// 1. Use 3 on a three-server cluster. An existing bucket keeps its
-	// own.
+	// own (Open logs a warning when they differ; Store.Replicas says).
 	Replicas int
 	// MaxValueSize is the largest hub state a save takes, in bytes; zero
 	// means DefaultMaxValueSize. It is lowered to what fits the
@@ -81,6 +82,9 @@ type Config struct {
 	// MemoryStorage keeps the bucket in memory instead of files (tests
 	// and benchmarks only: state then does not survive the NATS servers).
 	MemoryStorage bool
+	// Logger receives the warning that an existing bucket's replicas
+	// differ from Replicas; nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // BucketName returns the state bucket of a prefix.
@@ -96,8 +100,9 @@ func Key(addr subjects.Address) string { return subjects.EncodeToken(string(addr
 
 // Store is a handle on the state bucket. Safe for concurrent use.
 type Store struct {
-	kv  jetstream.KeyValue
-	max int
+	kv       jetstream.KeyValue
+	max      int
+	replicas int
 }
 
 var _ hub.StateStore = (*Store)(nil)
@@ -148,18 +153,37 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hubstate: bucket %s: %w", kcfg.Bucket, err)
 	}
+	replicas := cfg.Replicas
 	if st, err := kv.Status(ctx); err == nil {
 		if kst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-			if bm := int(kst.StreamInfo().Config.MaxMsgSize); bm > 0 && bm-envelopeMax < limit {
+			sc := kst.StreamInfo().Config
+			if bm := int(sc.MaxMsgSize); bm > 0 && bm-envelopeMax < limit {
 				limit = bm - envelopeMax
 			}
+			replicas = sc.Replicas
 		}
+	}
+	if replicas != cfg.Replicas {
+		// Not reconfigured here: a node's permissions do not include
+		// stream updates (docs/operations.md), and a replica change moves
+		// the state's durability, which is the operator's decision.
+		log := cfg.Logger
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn("the durable state bucket keeps its existing replica count, not this node's; reconfigure it with an administrative client if intended",
+			"bucket", kcfg.Bucket, "bucket_replicas", replicas, "configured_replicas", cfg.Replicas,
+			"command", fmt.Sprintf("nats stream edit KV_%s --replicas %d", kcfg.Bucket, cfg.Replicas))
 	}
 	if limit <= 0 {
 		return nil, fmt.Errorf("%w: bucket %s takes no value of any size", ErrInvalidConfig, kcfg.Bucket)
 	}
-	return &Store{kv: kv, max: limit}, nil
+	return &Store{kv: kv, max: limit, replicas: replicas}, nil
 }
+
+// Replicas returns the bucket's replica count as the server reported it
+// when the store was opened (Config.Replicas if it could not say).
+func (s *Store) Replicas() int { return s.replicas }
 
 // MaxValueSize is the largest hub state a save takes, in bytes
 // (hub.StateStore).

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 
@@ -201,4 +203,31 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("round trip of %+v: %+v, %v", r, back, err)
 		}
 	})
+}
+
+// TestExistingReplicasKept: a store opened with another replica count than
+// the existing bucket's binds it unchanged, reports the bucket's count, and
+// logs a warning naming both and the command that would change it.
+func TestExistingReplicasKept(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	if st := open(t, hubstate.Config{Conn: nc, Replicas: 1}); st.Replicas() != 1 {
+		t.Fatalf("created with %d replicas", st.Replicas())
+	}
+	var logs bytes.Buffer
+	st := open(t, hubstate.Config{Conn: nc, Replicas: 3, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if st.Replicas() != 1 {
+		t.Errorf("Replicas() = %d, want the bucket's 1", st.Replicas())
+	}
+	out := logs.String()
+	for _, want := range []string{"level=WARN", "bucket_replicas=1", "configured_replicas=3", "--replicas 3"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	logs.Reset()
+	open(t, hubstate.Config{Conn: nc, Replicas: 1, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if logs.Len() != 0 {
+		t.Errorf("a matching replica count logged:\n%s", logs.String())
+	}
 }
