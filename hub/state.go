@@ -67,6 +67,12 @@ type StateStore interface {
 	// not be reached and nothing was written), [ErrStateUnknown] (the
 	// store could not say whether it was written).
 	Save(ctx context.Context, addr subjects.Address, prev StateRecord, data []byte) (StateRecord, error)
+	// Delete removes addr's stored record under compare-and-set on
+	// prev.Revision, so that readers find no state and the next takeover
+	// starts from no data with an epoch still above every earlier one. It
+	// returns prev's owner and epoch with no data and the deletion's
+	// revision (a later Save compares on it). Errors as Save's.
+	Delete(ctx context.Context, addr subjects.Address, prev StateRecord) (StateRecord, error)
 	// MaxValueSize is the largest data a Save takes, in bytes.
 	MaxValueSize() int
 }
@@ -176,6 +182,15 @@ func (s *State) Save(ctx context.Context, data []byte) error {
 	if max := s.store.MaxValueSize(); len(data) > max {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrStateTooLarge, len(data), max)
 	}
+	return s.write(ctx, func(ctx context.Context, prev StateRecord) (StateRecord, error) {
+		return s.store.Save(ctx, s.a.addr, prev, data)
+	}, "save")
+}
+
+// write runs one compare-and-set write of the record (a save or a
+// delete), serialised with the others, and stands the activation down
+// when it was fenced or its outcome is unknown.
+func (s *State) write(ctx context.Context, op func(context.Context, StateRecord) (StateRecord, error), what string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lost != nil {
@@ -189,18 +204,33 @@ func (s *State) Save(ctx context.Context, data []byte) error {
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	rec, err := s.store.Save(ctx, s.a.addr, s.rec, data)
+	rec, err := op(ctx, s.rec)
 	switch {
 	case err == nil:
 		s.rec = rec
 		return nil
 	case errors.Is(err, ErrStateFenced), errors.Is(err, ErrStateUnknown):
-		s.lost = fmt.Errorf("hub: save state of %s on %s: %w", s.a.addr, s.a.host.nodeID, err)
+		s.lost = fmt.Errorf("hub: %s state of %s on %s: %w", what, s.a.addr, s.a.host.nodeID, err)
 		s.a.standDown(s.lost)
 		return s.lost
 	default:
-		return fmt.Errorf("hub: save state of %s: %w", s.a.addr, err)
+		return fmt.Errorf("hub: %s state of %s: %w", what, s.a.addr, err)
 	}
+}
+
+// Delete removes the address's stored state (a hub that is done with
+// it: nothing of it is read again) under compare-and-set on the revision
+// this activation last wrote, and returns once the store acknowledged it.
+// Afterwards Data is nil; the activation goes on and may Save again, and
+// the next activation starts with no data (an epoch still above every
+// earlier one). It blocks at most until ctx ends (DefaultStateTimeout if
+// ctx has no deadline). Errors as Save's: [ErrStateUnavailable] (nothing
+// deleted; the activation goes on), [ErrStateFenced] and [ErrStateUnknown]
+// (the activation stands down).
+func (s *State) Delete(ctx context.Context) error {
+	return s.write(ctx, func(ctx context.Context, prev StateRecord) (StateRecord, error) {
+		return s.store.Delete(ctx, s.a.addr, prev)
+	}, "delete")
 }
 
 // stateVerdict maps a handler's state error to the verdict its requester

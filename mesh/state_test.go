@@ -637,3 +637,65 @@ func TestStateBuildFailureResendRebuilds(t *testing.T) {
 		n.Host().Deactivate("ctr/rebuild") // the next delivery builds it again
 	}
 }
+
+// TestStateDelete: a hub deletes its address's state (the counter's
+// "reset"): readers find none, the activation goes on from zero, and after
+// a move the next activation starts from no data — its epoch still above
+// every earlier one — or from what was saved after the delete.
+func TestStateDelete(t *testing.T) {
+	s := natstest.RunServer(t)
+	a := stateNode(t, s, "a", fastMembership, counterhub.Options{})
+	b := stateNode(t, s, "b", fastMembership, counterhub.Options{})
+	waitMembers(t, 2, a, b)
+	const addr = "ctr/deleted"
+	send := func(typ string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := a.Client.Request(ctx, Delivery{To: addr, Type: typ})
+		if err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+		return string(r.Payload)
+	}
+	move := func() {
+		for _, n := range []*Node{a, b} {
+			n.Host().Deactivate(addr)
+		}
+	}
+	var epoch uint64
+	for round := range 3 {
+		for i := 1; i <= 3; i++ {
+			if v := send(counterhub.Inc); v != fmt.Sprint(i) {
+				t.Fatalf("round %d: inc = %s, want %d", round, v, i)
+			}
+		}
+		rec := storedRecord(t, s, addr)
+		if rec.Epoch <= epoch {
+			t.Fatalf("round %d: epoch %d after %d", round, rec.Epoch, epoch)
+		}
+		epoch = rec.Epoch
+		if v := send(counterhub.Reset); v != "0" {
+			t.Fatalf("reset = %s", v)
+		}
+		st := bucket(t, s, hubstate.BucketName(subjects.DefaultPrefix))
+		if _, err := hubstate.Read(context.Background(), st, addr); !errors.Is(err, hubstate.ErrNotFound) {
+			t.Fatalf("round %d: after reset, stored: %v", round, err)
+		}
+		if round == 1 {
+			// The same activation goes on from zero, then it moves.
+			if v := send(counterhub.Inc); v != "1" {
+				t.Fatalf("inc after reset = %s", v)
+			}
+			move()
+			if v := send(counterhub.Inc); v != "2" {
+				t.Fatalf("inc after reset and move = %s", v)
+			}
+			if rec := storedRecord(t, s, addr); rec.Epoch <= epoch {
+				t.Fatalf("epoch %d after %d", rec.Epoch, epoch)
+			}
+			send(counterhub.Reset)
+		}
+		move() // the next round's first increment takes the deleted state over
+	}
+}

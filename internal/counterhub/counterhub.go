@@ -1,8 +1,8 @@
 // Package counterhub is a durable counter hub (DESIGN §7a) for tests,
 // benchmarks and the integration test node: its state is the counter as a
 // decimal number. A delivery of type "inc" adds one, saves, and only then
-// responds with the new value; "get" (or any other type) responds with the
-// value.
+// responds with the new value; "reset" deletes the stored state (the
+// counter is 0 again); "get" (or any other type) responds with the value.
 //
 // With Options.Remember the state also keeps the delivery IDs of the last
 // increments of each stream, one line each after the counter ("<value> <id>
@@ -27,8 +27,9 @@ import (
 
 // Delivery types.
 const (
-	Inc = "inc"
-	Get = "get"
+	Inc   = "inc"
+	Get   = "get"
+	Reset = "reset" // deletes the stored state (hub.State.Delete); responds "0" (not in Batch mode)
 )
 
 // Options tune the factory.
@@ -180,6 +181,13 @@ func (c *counter) remember(recent []applied, d *hub.Delivery, value uint64) []ap
 }
 
 func (c *counter) Handle(ctx context.Context, d *hub.Delivery) error {
+	if d.Type == Reset {
+		if err := c.st.Delete(ctx); err != nil {
+			return err
+		}
+		c.n, c.recent = 0, nil
+		return d.Respond([]byte("0"))
+	}
 	if d.Type != Inc {
 		return d.Respond([]byte(strconv.FormatUint(c.n, 10)))
 	}

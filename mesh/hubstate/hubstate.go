@@ -101,6 +101,9 @@ func Key(addr subjects.Address) string { return subjects.EncodeToken(string(addr
 // Store is a handle on the state bucket. Safe for concurrent use.
 type Store struct {
 	kv       jetstream.KeyValue
+	js       jetstream.JetStream
+	stream   jetstream.Stream // the bucket's stream, for raw reads of deletion markers
+	pre      string           // the bucket's subject prefix, "$KV.<bucket>."
 	max      int
 	replicas int
 }
@@ -178,7 +181,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("%w: bucket %s takes no value of any size", ErrInvalidConfig, kcfg.Bucket)
 	}
-	return &Store{kv: kv, max: limit, replicas: replicas}, nil
+	stream, err := js.Stream(ctx, "KV_"+kcfg.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("hubstate: bucket %s: %w", kcfg.Bucket, err)
+	}
+	return &Store{kv: kv, js: js, stream: stream, pre: "$KV." + kcfg.Bucket + ".", max: limit, replicas: replicas}, nil
 }
 
 // Replicas returns the bucket's replica count as the server reported it
@@ -275,6 +282,7 @@ func get(ctx context.Context, kv jetstream.KeyValue, addr subjects.Address) (hub
 func (s *Store) Take(ctx context.Context, addr subjects.Address, owner subjects.NodeID) (hub.StateRecord, error) {
 	key := Key(addr)
 	var last error
+	var deletedAt uint64 // the revision of the key's deletion marker, once met
 	for {
 		if err := ctx.Err(); err != nil {
 			if last != nil {
@@ -284,8 +292,15 @@ func (s *Store) Take(ctx context.Context, addr subjects.Address, owner subjects.
 		}
 		cur := hub.StateRecord{}
 		e, err := s.kv.Get(ctx, key)
+		absent := errors.Is(err, jetstream.ErrKeyNotFound)
 		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case absent:
+			// Never stored, or deleted: a deletion's marker (found below
+			// when the write meets it) is the last message, and its
+			// revision — above every revision, hence every epoch, the key
+			// had — is the floor of the next epoch, which so stays strictly
+			// increasing across deletions.
+			cur.Revision, cur.Epoch = deletedAt, deletedAt
 		case err != nil:
 			last = err
 			pause(ctx)
@@ -299,16 +314,15 @@ func (s *Store) Take(ctx context.Context, addr subjects.Address, owner subjects.
 			cur.Revision = e.Revision()
 		}
 		next := hub.StateRecord{Owner: owner, Epoch: cur.Epoch + 1, Data: cur.Data}
-		var rev uint64
-		if cur.Revision == 0 {
-			rev, err = s.kv.Create(ctx, key, Encode(next))
-		} else {
-			rev, err = s.kv.Update(ctx, key, Encode(next), cur.Revision)
-		}
+		// Revision 0 writes only if the subject has no message at all (not
+		// even a deletion's marker, unlike KeyValue.Create).
+		rev, err := s.kv.Update(ctx, key, Encode(next), cur.Revision)
 		if err != nil {
 			last = err // moved meanwhile, or unreachable: read again
 			if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
 				pause(ctx)
+			} else if absent {
+				deletedAt = s.deletedAt(ctx, key)
 			}
 			continue
 		}
@@ -360,6 +374,56 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 			return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s was replaced by epoch %d of %s", hub.ErrStateFenced, prev.Revision, addr, cur.Epoch, cur.Owner)
 		}
 		break
+	}
+	return hub.StateRecord{}, fmt.Errorf("%w: %w", hub.ErrStateUnknown, err)
+}
+
+// deletedAt returns the revision of key's deletion marker if the key's
+// last message is one, else 0.
+func (s *Store) deletedAt(ctx context.Context, key string) uint64 {
+	m, err := s.stream.GetLastMsgForSubject(ctx, s.pre+key)
+	if err != nil {
+		return 0
+	}
+	switch m.Header.Get(kvOperation) {
+	case kvDelete, kvPurge:
+		return m.Sequence
+	}
+	return 0
+}
+
+// The KV operation header of a deletion marker (as jetstream.KeyValue
+// writes and reads it).
+const (
+	kvOperation = "KV-Operation"
+	kvDelete    = "DEL"
+	kvPurge     = "PURGE"
+)
+
+// Delete removes addr's record (hub.StateStore) under compare-and-set on
+// prev.Revision: it writes the bucket's deletion marker, so readers find
+// no state (ErrNotFound) and the next takeover starts from empty data with
+// an epoch above every earlier one. The record returned keeps prev's owner
+// and epoch, with no data and the marker's revision, on which the same
+// activation may save again. Errors as Save's: hub.ErrStateFenced (the
+// record moved on: nothing deleted), hub.ErrStateUnavailable (nothing
+// deleted), hub.ErrStateUnknown (the reply did not settle it).
+func (s *Store) Delete(ctx context.Context, addr subjects.Address, prev hub.StateRecord) (hub.StateRecord, error) {
+	if prev.Revision == 0 {
+		return hub.StateRecord{}, fmt.Errorf("%w: no record taken over", hub.ErrStateFenced)
+	}
+	m := nats.NewMsg(s.pre + Key(addr))
+	m.Header.Set(kvOperation, kvDelete)
+	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(prev.Revision))
+	var apiErr *jetstream.APIError
+	switch {
+	case err == nil:
+		return hub.StateRecord{Owner: prev.Owner, Epoch: prev.Epoch, Revision: ack.Sequence}, nil
+	case errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
+		return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s is no longer current: %w", hub.ErrStateFenced, prev.Revision, addr, err)
+	case notWritten(err):
+		return hub.StateRecord{}, fmt.Errorf("%w: %w", hub.ErrStateUnavailable, err)
 	}
 	return hub.StateRecord{}, fmt.Errorf("%w: %w", hub.ErrStateUnknown, err)
 }

@@ -231,3 +231,60 @@ func TestExistingReplicasKept(t *testing.T) {
 		t.Errorf("a matching replica count logged:\n%s", logs.String())
 	}
 }
+
+// TestDelete: a delete compares on the deleter's revision like a save: from
+// the current owner it removes the record (readers find none), the owner
+// may save again on the deletion's revision, and the next take starts from
+// no data with an epoch above every earlier one; from a predecessor, after
+// a successor's take, it fails hub.ErrStateFenced and deletes nothing.
+// Across several addresses and repeated deletions.
+func TestDelete(t *testing.T) {
+	s := natstest.RunServer(t)
+	st := open(t, hubstate.Config{Conn: natstest.Connect(t, s)})
+	ctx := context.Background()
+	for _, addr := range []subjects.Address{"ctr/x", "kv/a.b c", "ctr/ünï/cödé"} {
+		var epoch uint64
+		for round := range 3 {
+			a, err := st.Take(ctx, addr, nodeA)
+			if err != nil || a.Epoch <= epoch || a.Data != nil {
+				t.Fatalf("%s round %d: take %+v after epoch %d (deleted), %v", addr, round, a, epoch, err)
+			}
+			epoch = a.Epoch
+			a, err = st.Save(ctx, addr, a, []byte("one"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := st.Delete(ctx, addr, a)
+			if err != nil || d.Revision <= a.Revision || d.Epoch != a.Epoch || d.Owner != nodeA || d.Data != nil {
+				t.Fatalf("%s: delete %+v, %v", addr, d, err)
+			}
+			if _, err := st.Get(ctx, addr); !errors.Is(err, hubstate.ErrNotFound) {
+				t.Fatalf("%s: after delete: %v", addr, err)
+			}
+			// The owner goes on: it saves on the deletion's revision.
+			a, err = st.Save(ctx, addr, d, []byte("two"))
+			if err != nil || a.Epoch != epoch {
+				t.Fatalf("%s: save after delete %+v, %v", addr, a, err)
+			}
+			// A successor takes it over; the predecessor's delete is fenced.
+			b, err := st.Take(ctx, addr, nodeB)
+			if err != nil || b.Epoch != epoch+1 || string(b.Data) != "two" {
+				t.Fatalf("%s: successor's take %+v, %v", addr, b, err)
+			}
+			epoch = b.Epoch
+			if _, err := st.Delete(ctx, addr, a); !errors.Is(err, hub.ErrStateFenced) {
+				t.Fatalf("%s: stale delete: %v", addr, err)
+			}
+			if got, err := st.Get(ctx, addr); err != nil || string(got.Data) != "two" || got.Owner != nodeB {
+				t.Fatalf("%s: after the stale delete: %+v, %v", addr, got, err)
+			}
+			if _, err := st.Delete(ctx, addr, b); err != nil {
+				t.Fatalf("%s: successor's delete: %v", addr, err)
+			}
+			// And its deletion's stale twin is fenced too.
+			if _, err := st.Delete(ctx, addr, b); !errors.Is(err, hub.ErrStateFenced) {
+				t.Fatalf("%s: repeated delete on the old revision: %v", addr, err)
+			}
+		}
+	}
+}
