@@ -572,7 +572,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 		lm.set(hdrExpectResponse, "true")
 	}
 	if c.opts.tracer != nil {
-		meshtrace.Inject(ctx, lm.msg.Header) // the delivery's span: the same across its attempts
+		meshtrace.Inject(ctx, lm.header()) // the delivery's span: the same across its attempts
 	}
 	c.address(f, node, phaseWaiting, true)
 	accepted := false

@@ -273,7 +273,7 @@ func (c *Client) publishInLane(t *laneTicket, lm *legMsg) error {
 		// it is in flight it stays the cursor, so nothing of the lane is
 		// published behind it before it settles; the next leg starts a
 		// new epoch. Its ticket is sent in no epoch (0).
-		err := c.cfg.Conn.PublishMsg(&lm.msg)
+		err := c.cfg.Conn.PublishMsg(lm.ready())
 		if err != nil {
 			t.state = ticketParked
 		} else {
@@ -286,7 +286,7 @@ func (c *Client) publishInLane(t *laneTicket, lm *legMsg) error {
 	l.seq++
 	epoch := l.epoch
 	lm.set(hdrLane, c.laneValue(epoch, l.seq))
-	err := c.cfg.Conn.PublishMsg(&lm.msg)
+	err := c.cfg.Conn.PublishMsg(lm.ready())
 	if err != nil {
 		l.epoch, l.seq = c.newEpoch(), 0
 		t.state = ticketParked

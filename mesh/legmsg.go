@@ -39,26 +39,61 @@ var legHeaderNames = [numLegHeaders]string{
 type legMsg struct {
 	msg  nats.Msg
 	vals [numLegHeaders]string // backing arrays of the header values
+	// Header keys of the last use stay in the map (their value slices are
+	// vals[i:i+1], so setting one again is a store, not a map assignment);
+	// ready deletes those not set this time.
+	present, used uint8
+	foreign       bool // keys not in legHeaderNames were added (trace context): clear the map
 }
 
 var legMsgPool = sync.Pool{New: func() any {
 	return &legMsg{msg: nats.Msg{Header: make(nats.Header, numLegHeaders+2)}}
 }}
 
-// getLegMsg returns an empty leg message (no subject, headers or data).
+// getLegMsg returns an empty leg message (no subject or data, no header set).
 func getLegMsg() *legMsg { return legMsgPool.Get().(*legMsg) }
 
 // putLegMsg gives lm back; it must not be used afterwards.
 func putLegMsg(lm *legMsg) {
 	h := lm.msg.Header
-	clear(h)
+	if lm.foreign {
+		clear(h)
+		lm.present, lm.foreign = 0, false
+	}
 	lm.msg = nats.Msg{Header: h}
 	lm.vals = [numLegHeaders]string{}
+	lm.used = 0
 	legMsgPool.Put(lm)
 }
 
-// set sets header i to the single value v without allocating.
+// set sets header i to the single value v.
 func (lm *legMsg) set(i int, v string) {
 	lm.vals[i] = v
-	lm.msg.Header[legHeaderNames[i]] = lm.vals[i : i+1 : i+1]
+	bit := uint8(1) << i
+	lm.used |= bit
+	if lm.present&bit == 0 {
+		lm.msg.Header[legHeaderNames[i]] = lm.vals[i : i+1 : i+1]
+		lm.present |= bit
+	}
+}
+
+// header returns the header map for additions other than set's (trace
+// context).
+func (lm *legMsg) header() nats.Header {
+	lm.foreign = true
+	return lm.msg.Header
+}
+
+// ready removes the headers of an earlier use that were not set this time;
+// call it right before publishing.
+func (lm *legMsg) ready() *nats.Msg {
+	if stale := lm.present &^ lm.used; stale != 0 {
+		for i := range numLegHeaders {
+			if stale&(1<<i) != 0 {
+				delete(lm.msg.Header, legHeaderNames[i])
+			}
+		}
+		lm.present = lm.used
+	}
+	return &lm.msg
 }
