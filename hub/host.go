@@ -700,13 +700,42 @@ func (h *Host) sendAnswer(to, id, kind string, err error, payload []byte, tr *tr
 	if to == "" {
 		return nil
 	}
-	msg := &nats.Msg{Subject: to, Header: nats.Header{}, Data: payload}
-	msg.Header.Set(HeaderID, id)
-	msg.Header.Set(HeaderAnswer, kind)
-	msg.Header.Set(HeaderAnswerToken, AnswerTokenOf(h.answerKey, id))
-	injectTrace(msg.Header, tr)
-	verdict.Encode(msg.Header, err, h.nodeID)
-	return h.cfg.Conn.PublishMsg(msg)
+	am := answerMsgPool.Get().(*answerMsg)
+	defer am.put()
+	am.msg.Subject, am.msg.Data = to, payload
+	am.set(0, HeaderID, id)
+	am.set(1, HeaderAnswer, kind)
+	am.set(2, HeaderAnswerToken, AnswerTokenOf(h.answerKey, id))
+	injectTrace(am.msg.Header, tr)
+	if err == nil { // verdict.Encode's Accepted, without its allocations
+		am.set(3, verdict.HeaderVerdict, verdict.Accepted.String())
+		am.set(4, verdict.HeaderNode, h.nodeID)
+	} else {
+		verdict.Encode(am.msg.Header, err, h.nodeID)
+	}
+	return h.cfg.Conn.PublishMsg(&am.msg)
+}
+
+// answerMsg is a pooled answer message (sendAnswer): nats.go copies a
+// message into the connection's buffer before PublishMsg returns, so its
+// header map and the values' one-element slices serve the next answer.
+type answerMsg struct {
+	msg  nats.Msg
+	vals [5]string
+}
+
+var answerMsgPool = sync.Pool{New: func() any { return &answerMsg{msg: nats.Msg{Header: make(nats.Header, 8)}} }}
+
+func (am *answerMsg) set(i int, k, v string) {
+	am.vals[i] = v
+	am.msg.Header[k] = am.vals[i : i+1 : i+1]
+}
+
+func (am *answerMsg) put() {
+	h := am.msg.Header
+	clear(h)
+	*am = answerMsg{msg: nats.Msg{Header: h}}
+	answerMsgPool.Put(am)
 }
 
 // sendLate publishes e's late verdict; for a request it says so
