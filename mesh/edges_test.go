@@ -1090,3 +1090,88 @@ func TestPipelineOwnerCrash(t *testing.T) {
 		b.Close()
 	}
 }
+
+// TestIngressOwnerCrash: a raw nats.go client sends Requests through the
+// ingress (served by a) to an address owned by b; b accepts them all, its
+// handler holding each; then b's connection dies. Each raw client gets one
+// reply that states the facts: Failed/outcome-unknown (the handler may have
+// run), or ShuttingDown/departed for one marked Mesh-Idempotent — at once,
+// not at its timeout. A plain delivery sent afterwards is accepted by a.
+func TestIngressOwnerCrash(t *testing.T) {
+	s := natstest.RunServer(t)
+	recA, recB := newRecorder(), newRecorder()
+	a, _ := clusterNode(t, s, "a", recA)
+	bConn := natstest.Connect(t, s)
+	mc := fastMembership
+	b, err := NewNode(NodeConfig{Conn: bConn, Name: "b", Membership: &mc, DisableIngress: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := make(chan struct{})
+	defer close(block)
+	recB.fn = func(ctx context.Context, d *hub.Delivery) error {
+		select {
+		case <-block:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	if err := b.Register("rec", recB.factory); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	waitMembers(t, 2, a, b)
+	var target subjects.Address
+	for i := 0; ; i++ {
+		target = subjects.Address(fmt.Sprintf("rec/ing%d", i))
+		if n, _ := directory.Place(target, []subjects.NodeID{a.ID(), b.ID()}); n == b.ID() {
+			break
+		}
+	}
+	raw := natstest.Connect(t, s)
+	const reqs = 12
+	type reply struct {
+		i   int
+		msg *nats.Msg
+		err error
+	}
+	replies := make(chan reply, reqs)
+	for i := range reqs {
+		go func() {
+			m := nats.NewMsg(subjects.DefaultPrefix.Ingress(target, subjects.Stream(fmt.Sprint(i))))
+			m.Header.Set(hub.HeaderID, fmt.Sprintf("ing-%d", i))
+			m.Header.Set(hub.HeaderExpectResponse, "true")
+			if i%2 == 1 {
+				m.Header.Set(hub.HeaderIdempotent, "true")
+			}
+			r, err := raw.RequestMsg(m, 30*time.Second)
+			replies <- reply{i, r, err}
+		}()
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { return b.Host().Stats().Accepted == reqs }, "all accepted by b")
+	bConn.Close()
+	for range reqs {
+		r := <-replies
+		if r.err != nil {
+			t.Fatalf("request %d: %v; want a reply stating the facts", r.i, r.err)
+		}
+		v, reason := r.msg.Header.Get(verdict.HeaderVerdict), r.msg.Header.Get(verdict.HeaderReason)
+		want, wantReason := "Failed", "outcome-unknown"
+		if r.i%2 == 1 {
+			want, wantReason = "ShuttingDown", "departed"
+		}
+		if v != want || reason != wantReason {
+			t.Errorf("request %d (idempotent %v): %s/%s %q; want %s/%s", r.i, r.i%2 == 1, v, reason, r.msg.Header.Get(verdict.HeaderMessage), want, wantReason)
+		}
+	}
+	m := nats.NewMsg(subjects.DefaultPrefix.Ingress(target, ""))
+	m.Header.Set(hub.HeaderID, "ing-after")
+	r, err := raw.RequestMsg(m, 30*time.Second)
+	if err != nil || r.Header.Get(verdict.HeaderVerdict) != "Accepted" || r.Header.Get(verdict.HeaderNode) != a.ID().String() {
+		t.Fatalf("after the crash: %v %v", r, err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { return recA.executions("ing-after") == 1 }, "handled by a")
+}
