@@ -32,13 +32,21 @@ func unsentVerdict(err error) bool {
 // TestExpiredDeadlineSendsNothing: a Deliver, DeliverAsync or Request whose
 // deadline has already passed when it is called sends no leg and returns
 // verdict.ErrDeadlineUnsent — never a timeout, which would tell the caller
-// the callee may hold a delivery that was sent after its deadline.
+// the callee may hold a delivery that was sent after its deadline. One whose
+// ctx was cancelled before the call sends nothing either (Failed: the
+// caller chose).
 func TestExpiredDeadlineSendsNothing(t *testing.T) {
 	s := natstest.RunServer(t)
 	in := acceptIntake(t, s, "acc", func(id string) []byte { return []byte(id) })
 	c := newClient(t, natstest.Connect(t, s), genResolver("acc"))
 	for rep := range reps(t, 60) {
 		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+		cancelled := rep%6 >= 3 // a ctx cancelled before the call: Failed (the caller chose), nothing sent
+		if cancelled {
+			cancel()
+			ctx, cancel = context.WithCancel(context.Background())
+			cancel()
+		}
 		id := fmt.Sprintf("late-%d", rep)
 		d := Delivery{ID: id, To: subjects.Address(fmt.Sprintf("k/%d", rep%3))}
 		var err error
@@ -56,6 +64,12 @@ func TestExpiredDeadlineSendsNothing(t *testing.T) {
 		probe := fmt.Sprintf("probe-%d", rep)
 		if _, err := c.Deliver(context.Background(), Delivery{ID: probe, To: d.To}); err != nil {
 			t.Fatal(err)
+		}
+		if cancelled {
+			if n := in.count(id); n != 0 || !errors.Is(err, context.Canceled) || verdict.IsTransient(err) || verdict.Classify(err) != verdict.Failed {
+				t.Fatalf("rep %d (call %d): cancelled ctx: sent %d legs, verdict %v; want nothing sent, Failed (context.Canceled)", rep, rep%3, n, err)
+			}
+			continue
 		}
 		if n := in.count(id); n != 0 || !unsentVerdict(err) {
 			t.Fatalf("rep %d (call %d): sent %d legs, verdict %v (resendable %v, %v); want nothing sent and ErrDeadlineUnsent",
