@@ -33,7 +33,7 @@ func TestLateVerdictBeforeKey(t *testing.T) {
 	pub := natstest.Connect(t, s)
 	send := func(node subjects.NodeID, key, id string) {
 		t.Helper()
-		m := nats.NewMsg(c.answerTo)
+		m := nats.NewMsg(c.answerTo())
 		m.Header.Set(hub.HeaderID, id)
 		m.Header.Set(hub.HeaderAnswer, hub.AnswerVerdict)
 		m.Header.Set(hub.HeaderAnswerToken, hub.AnswerTokenOf(key, id))

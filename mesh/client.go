@@ -58,11 +58,13 @@ type Receipt struct {
 
 // Client sends deliveries (DESIGN §4). It is safe for concurrent use.
 type Client struct {
-	cfg      Config
-	opts     options
-	log      *slog.Logger
-	sender   string // cfg.Identity.String()
-	answerTo string
+	cfg  Config
+	opts options
+	log  *slog.Logger
+	// id is the client's identity and answerTo its answer subject,
+	// <prefix>.ans.<name>.<gen>; a node's client takes each new session's
+	// (bindIdentity). Read per leg.
+	id atomic.Pointer[identity]
 
 	nuid         lockedNUID
 	sem          chan struct{} // legs in flight
@@ -84,7 +86,8 @@ type Client struct {
 
 	moving atomic.Pointer[chan struct{}] // while MoveConnection runs: closed when it ends (move.go)
 
-	answersSub *nats.Subscription
+	idMu       sync.Mutex
+	answerSubs []*nats.Subscription // the current identity's answer subscription (older ones end after a grace: bindIdentity)
 	status     chan nats.Status
 	statusDone chan struct{}
 	closing    atomic.Bool
@@ -122,7 +125,6 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 		cfg:     cfg,
 		opts:    o,
 		log:     o.logger,
-		sender:  cfg.Identity.String(),
 		sem:     make(chan struct{}, o.maxInFlight),
 		lanes:   map[LaneKey]*lane{},
 		pending: map[string]*flight{},
@@ -136,14 +138,10 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 	if err := c.replies.start(cfg.Conn); err != nil {
 		return nil, fmt.Errorf("mesh: subscribe leg replies: %w", err)
 	}
-	c.answerTo = cfg.Prefix.Sub(hub.AnswerToken + "." + cfg.Identity.Name + "." + strconv.FormatUint(cfg.Identity.Generation, 10))
-	sub, err := cfg.Conn.Subscribe(c.answerTo, c.dispatchAnswer)
-	if err != nil {
+	if err := c.bindIdentity(cfg.Identity); err != nil {
 		c.replies.stop()
-		return nil, fmt.Errorf("mesh: subscribe answers: %w", err)
+		return nil, err
 	}
-	_ = sub.SetPendingLimits(-1, -1)
-	c.answersSub = sub
 	c.status = cfg.Conn.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING)
 	c.statusDone = make(chan struct{})
 	go c.watchLink()
@@ -166,7 +164,46 @@ func (c *Client) watchLink() {
 }
 
 // Identity returns the client's sender identity.
-func (c *Client) Identity() subjects.NodeID { return c.cfg.Identity }
+func (c *Client) Identity() subjects.NodeID { return c.id.Load().node }
+
+// identity is a client's identity with its answer subject.
+type identity struct {
+	node     subjects.NodeID
+	answerTo string
+}
+
+// answerTo returns the answer subject new legs name.
+func (c *Client) answerTo() string { return c.id.Load().answerTo }
+
+// bindIdentity makes node the client's identity (DESIGN §1: a session's
+// client identity and answer subject are stamped with its generation): it
+// subscribes node's answer subject and names it in every leg sent from now
+// on. The previous answer subjects stay subscribed for a grace of the
+// request timeout plus the leg timeout, so answers to deliveries sent
+// before still arrive. Errors are the subscribe error. Safe for concurrent
+// use.
+func (c *Client) bindIdentity(node subjects.NodeID) error {
+	c.idMu.Lock()
+	defer c.idMu.Unlock()
+	if cur := c.id.Load(); cur != nil && cur.node == node {
+		return nil
+	}
+	if c.shut.Load() {
+		return verdict.ErrClosing
+	}
+	to := c.cfg.Prefix.Sub(hub.AnswerToken + "." + node.Name + "." + strconv.FormatUint(node.Generation, 10))
+	sub, err := c.cfg.Conn.Subscribe(to, c.dispatchAnswer)
+	if err != nil {
+		return fmt.Errorf("mesh: subscribe answers: %w", err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	for _, old := range c.answerSubs {
+		time.AfterFunc(c.opts.requestTimeout+c.opts.legTimeout, func() { _ = old.Unsubscribe() })
+	}
+	c.answerSubs = append(c.answerSubs[:0], sub)
+	c.id.Store(&identity{node: node, answerTo: to})
+	return nil
+}
 
 // Deliver sends d to its address and returns once a hub accepted it — not
 // after the handler ran. It blocks while the window of its lane (d.To,
@@ -561,7 +598,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	if attempt > 1 {
 		lm.set(hdrAttempt, strconv.Itoa(attempt))
 	}
-	lm.set(hdrAnswerTo, c.answerTo)
+	lm.set(hdrAnswerTo, c.answerTo())
 	if d.Type != "" {
 		lm.set(hdrType, d.Type)
 	}
@@ -757,7 +794,12 @@ func (c *Client) Close() {
 		c.interruptAll(evClosing)
 		c.launchAll() // DeliverAsync deliveries still queued end with ErrClosing
 		c.calls.shut()
-		_ = c.answersSub.Unsubscribe()
+		c.idMu.Lock()
+		for _, sub := range c.answerSubs {
+			_ = sub.Unsubscribe()
+		}
+		c.answerSubs = nil
+		c.idMu.Unlock()
 		c.replies.stop()
 		c.cfg.Conn.RemoveStatusListener(c.status)
 		<-c.statusDone

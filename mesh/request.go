@@ -363,7 +363,7 @@ func (c *Client) resendLeg(ctx context.Context, d *Delivery, f *flight, node sub
 	msg := &nats.Msg{Subject: c.cfg.Prefix.Delivery(node, d.To, d.Stream), Data: d.Payload, Header: make(nats.Header, 6)}
 	h := msg.Header
 	h[hub.HeaderID] = []string{d.ID}
-	h[hub.HeaderAnswerTo] = []string{c.answerTo}
+	h[hub.HeaderAnswerTo] = []string{c.answerTo()}
 	h[hub.HeaderExpectResponse] = []string{"true"}
 	if d.Type != "" {
 		h[hub.HeaderType] = []string{d.Type}

@@ -26,10 +26,9 @@ import (
 // (join); the node reads the current one through Node.current and caches
 // none of its parts. Subscriber activations re-arm on the next session
 // themselves (package syncstream).
-//
-// Still node-wide, not per session (see issue 9's note): the client's
-// identity and answer subject, which keep the generation the Node was
-// built with.
+// The node's client is node-wide (its lanes and flights outlive a rejoin),
+// but its identity and answer subject are the session's: join binds them
+// (Client.bindIdentity).
 type session struct {
 	id      subjects.NodeID
 	host    *hub.Host
@@ -111,6 +110,12 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 				return nil, err
 			}
 			if err := h.Start(); err != nil {
+				h.Close()
+				return nil, err
+			}
+			// The node's own deliveries go out under the session's
+			// identity and answer subject (DESIGN §1).
+			if err := n.Client.bindIdentity(id); err != nil {
 				h.Close()
 				return nil, err
 			}

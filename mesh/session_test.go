@@ -81,6 +81,9 @@ func TestRejoinStartsNewSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	old, oldHost := n.ID(), n.Host()
+	if got := n.Client.Identity(); got != old {
+		t.Errorf("the client sends as %s, the session is %s", got, old)
+	}
 	js, _ := jetstream.New(nc)
 	kv, err := js.KeyValue(context.Background(), membership.BucketName(subjects.DefaultPrefix))
 	if err != nil {
@@ -115,11 +118,27 @@ func TestRejoinStartsNewSession(t *testing.T) {
 	if r, err := n.Deliver(context.Background(), Delivery{To: "rec/x"}); err != nil || r.Node != n.ID() {
 		t.Fatalf("after the rejoin: %+v %v", r, err)
 	}
+	// The client identity and answer subject are the new session's: hubs
+	// read the sender's generation from them.
+	if got := n.Client.Identity(); got != n.ID() {
+		t.Errorf("after the rejoin the client sends as %s, the session is %s", got, n.ID())
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return rec.total() == 2 }, "the delivery after the rejoin handled")
+	rec.mu.Lock()
+	hd := rec.handled["rec/x"]
+	first, last := hd[0].Sender, hd[len(hd)-1].Sender
+	rec.mu.Unlock()
+	if first != old.String() || last != n.ID().String() {
+		t.Errorf("hub saw senders %q then %q, want %s then %s", first, last, old, n.ID())
+	}
+	if resp, err := n.Request(context.Background(), Delivery{To: "rec/x"}); err != nil {
+		t.Fatalf("a request after the rejoin (answered on the new answer subject): %+v %v", resp, err)
+	}
 	// The node's counters span its sessions: they never go back at a
 	// rejoin (a Prometheus counter must not reset while the process lives).
 	st := n.Status().Host
-	if st.Accepted != 2 || st.Node != n.ID() {
-		t.Errorf("after a rejoin the node counts %d accepted (node %s), want 2 across both sessions", st.Accepted, st.Node)
+	if st.Accepted != 3 || st.Node != n.ID() {
+		t.Errorf("after a rejoin the node counts %d accepted (node %s), want 3 across both sessions", st.Accepted, st.Node)
 	}
 	if st.Deactivated < 1 {
 		t.Errorf("the old session's deactivation is not counted: %+v", st)
