@@ -29,7 +29,7 @@ const (
 	DefaultIdleTimeout      = 5 * time.Minute
 	DefaultParkPerAddress   = 256
 	DefaultParkBacklog      = 16384
-	DefaultClaimConcurrency = 512 // 128 held half of 256 concurrent cold callers back (BENCHMARKS.md, cold activations)
+	DefaultClaimConcurrency = 128
 )
 
 // Claims is the seam for single activation across nodes (DESIGN §5): before a
