@@ -374,6 +374,10 @@ func (s *scenario) check(ex expect) {
 			continue // it may or may not have run: not required to
 		case verdict.Classify(d.err) == verdict.Failed:
 			t.Errorf("Failed: %v (lane %v seq %d, after %v)", d.err, d.lane, d.seq, d.took)
+		default:
+			// A resendable verdict the caller got back (the ladder gave
+			// up): truthful, but worth seeing.
+			t.Logf("%s: %v (lane %v seq %d, after %v)", verdict.Classify(d.err), d.err, d.lane, d.seq, d.took)
 		}
 		r.worst = max(r.worst, d.took)
 	}

@@ -535,8 +535,16 @@ func (c *Client) backOff(ctx context.Context, deadline time.Time, f *flight, nod
 	sctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	// A departure known before the back-off does not cut it short: the
-	// last attempt met it already, and the next re-resolves anyway.
-	c.address(f, node, phaseWaiting, false)
+	// last attempt met it already, and the next re-resolves anyway. Nor
+	// does a repeated notice of it (one departure is announced by several
+	// events: the advisory, the expiry, the takeover): a flight backing off
+	// from a node known gone is not indexed under it, so that each notice
+	// does not spend an attempt of the ladder at once.
+	at := node
+	if !node.IsZero() && c.knownGone(node) {
+		at = subjects.NodeID{}
+	}
+	c.address(f, at, phaseWaiting, false)
 	defer c.unindex(f)
 	f.mu.Lock()
 	var serr error

@@ -627,3 +627,39 @@ func TestIngressRefusesInvalidID(t *testing.T) {
 		t.Errorf("%d handled", rec.total())
 	}
 }
+
+// TestRepeatedDepartureNoticeKeepsLadder: one departure reaches the client
+// as several notices (the advisory, the registry expiry, the takeover). The
+// first cuts the back-off of a delivery that met the departed owner short
+// (re-resolve now); once the owner is known gone, the later notices must
+// not each spend an attempt of the ladder at once — they did, and a
+// Deliver then returned ShuttingDown to its caller within two seconds of a
+// departure instead of waiting for the takeover.
+func TestRepeatedDepartureNoticeKeepsLadder(t *testing.T) {
+	s := natstest.RunServer(t)
+	x := subjects.NodeID{Name: "x", Generation: 1} // nobody subscribes: no responders
+	res := newRouteResolver(func(subjects.Address, int) subjects.NodeID { return x })
+	clock := &fakeClock{gate: make(chan struct{})} // back-offs last until the gate opens
+	c := newClient(t, natstest.Connect(t, s), res, WithClock(clock))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch := c.DeliverAsync(ctx, Delivery{To: "rec/r"})
+	sleeps := func() int { return len(clock.recorded()) }
+	natstest.Eventually(t, 10*time.Second, func() bool { return c.backingOff() == 1 && sleeps() == 1 }, "first back-off")
+	c.FailNode(x, "disconnected") // cuts it short: the next attempt meets x known gone
+	natstest.Eventually(t, 10*time.Second, func() bool { return c.backingOff() == 1 && sleeps() == 2 }, "second back-off")
+	for range 5 {
+		c.FailNode(x, "expired") // the same departure again
+	}
+	if n := c.countFlights(func(f *flight) bool { return f.backoff && !f.woken }); n != 1 {
+		t.Fatalf("a repeated notice cut the back-off short (%d flights still backing off undisturbed)", n)
+	}
+	if n := sleeps(); n != 2 {
+		t.Fatalf("%d back-offs after repeated notices of one departure, want 2", n)
+	}
+	close(clock.gate)
+	r := <-ch
+	if !errors.Is(r.Err, verdict.ErrDeparted) || !verdict.IsResendable(r.Err) || r.Attempts != 7 {
+		t.Fatalf("%+v %v; want the whole ladder (7 attempts), departed", r.Receipt, r.Err)
+	}
+}
