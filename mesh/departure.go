@@ -232,11 +232,7 @@ func (c *Client) FailNode(node subjects.NodeID, how string) {
 		}
 		how = c.fl.gone[node]
 	}
-	set := c.fl.byNode[node]
-	hit := make([]*flight, 0, len(set))
-	for f := range set {
-		hit = append(hit, f)
-	}
+	hit := c.flightsOfLocked(node)
 	c.fl.mu.Unlock()
 	for _, f := range hit {
 		f.mu.Lock()
@@ -246,6 +242,24 @@ func (c *Client) FailNode(node subjects.NodeID, how string) {
 		f.mu.Unlock()
 	}
 	c.dropHeld(node) // its key can no longer arrive (answers.go)
+}
+
+// flightsOf returns the flights indexed under node now. Each may move on
+// before the caller locks it: check f.node under f.mu.
+func (c *Client) flightsOf(node subjects.NodeID) []*flight {
+	c.fl.mu.Lock()
+	defer c.fl.mu.Unlock()
+	return c.flightsOfLocked(node)
+}
+
+// flightsOfLocked is flightsOf with c.fl.mu held.
+func (c *Client) flightsOfLocked(node subjects.NodeID) []*flight {
+	set := c.fl.byNode[node]
+	hit := make([]*flight, 0, len(set))
+	for f := range set {
+		hit = append(hit, f)
+	}
+	return hit
 }
 
 // interruptAll records ev on every flight in flight.
@@ -300,13 +314,7 @@ func (c *Client) awaiting() int {
 // waiting for a slot or backing off and awaited responses are left alone.
 // Safe for concurrent use.
 func (c *Client) FailInFlight(node subjects.NodeID, err error) {
-	c.fl.mu.Lock()
-	set := c.fl.byNode[node]
-	hit := make([]*flight, 0, len(set))
-	for f := range set {
-		hit = append(hit, f)
-	}
-	c.fl.mu.Unlock()
+	hit := c.flightsOf(node)
 	for _, f := range hit {
 		f.mu.Lock()
 		if f.node == node && f.phase == phaseSent {
@@ -328,13 +336,7 @@ func (c *Client) FailInFlight(node subjects.NodeID, err error) {
 // response, or with verdict.ErrResponseGone. Deliveries waiting for a slot
 // or backing off are left alone. Safe for concurrent use.
 func (c *Client) OwnerMoved(node subjects.NodeID, err error) {
-	c.fl.mu.Lock()
-	set := c.fl.byNode[node]
-	hit := make([]*flight, 0, len(set))
-	for f := range set {
-		hit = append(hit, f)
-	}
-	c.fl.mu.Unlock()
+	hit := c.flightsOf(node)
 	for _, f := range hit {
 		f.mu.Lock()
 		switch {
