@@ -138,7 +138,19 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	}
 	f.c = min(f.c, f.n)
 
-	nc, err := g.connect("meshctl bench")
+	// The run rides out a rolling restart of the NATS servers: its
+	// connection reconnects, and moves off a server in lame duck mode
+	// without losing an answer in flight (mesh.Client.MoveConnection).
+	var clientRef atomic.Pointer[mesh.Client]
+	nc, err := g.connectReconnecting("meshctl bench", func() {
+		if c := clientRef.Load(); c != nil {
+			go func() {
+				mctx, cancel := context.WithTimeout(ctx, mesh.DefaultMoveTimeout)
+				defer cancel()
+				_ = c.MoveConnection(mctx)
+			}()
+		}
+	})
 	if err != nil {
 		return err
 	}
@@ -157,12 +169,15 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	}
 
 	client, err := mesh.NewClient(mesh.Config{Conn: nc, Resolver: mesh.StaticResolver{Node: target}, Prefix: g.meshPrefix()},
-		mesh.WithLogger(slog.New(slog.DiscardHandler)), mesh.WithLegTimeout(g.timeout),
-		// One fixed node: a re-send could only go to the same node again.
-		mesh.WithRetry(mesh.RetryPolicy{MaxRetries: -1}))
+		mesh.WithLogger(slog.New(slog.DiscardHandler)), mesh.WithLegTimeout(g.timeout))
+	// One fixed node: a resendable failure (its subscription briefly gone
+	// while its connection moves, this connection reconnecting) is re-sent
+	// to it by the default ladder; a target that is really gone is caught
+	// by watchTarget, which ends the run.
 	if err != nil {
 		return exitf(exitNoNATS, "mesh client: %v", err)
 	}
+	clientRef.Store(client)
 	defer client.Close()
 	streams := make([]subjects.Stream, f.c)
 	for i := range streams {
@@ -260,9 +275,15 @@ func benchTarget(ctx context.Context, g *globals, nc *nats.Conn, addr subjects.A
 
 // Target watch: the bench pings its target's control endpoint every
 // watchEvery; watchMisses pings in a row without its answer stop the run.
+// No responders on its control subject stops the run once it has lasted
+// watchGoneFor (re-checked every watchGoneEvery): a target whose
+// connection moves to another server (a rolling restart) has no
+// subscription for a moment, a dead one never again.
 const (
-	watchEvery  = 500 * time.Millisecond
-	watchMisses = 3
+	watchEvery     = 500 * time.Millisecond
+	watchMisses    = 3
+	watchGoneFor   = time.Second
+	watchGoneEvery = 100 * time.Millisecond
 )
 
 // errTargetGone is the cause a run stops with when its target went away.
@@ -278,6 +299,7 @@ func (e errTargetGone) Error() string { return e.why }
 func watchTarget(ctx context.Context, g *globals, nc *nats.Conn, target subjects.NodeID, stop context.CancelCauseFunc) {
 	subject := g.controlSubject(target.Name, mesh.ControlPing)
 	misses, answered := 0, false
+	var goneSince time.Time // no responders since then (zero: it answered)
 	t := time.NewTicker(watchEvery)
 	defer t.Stop()
 	for {
@@ -292,17 +314,33 @@ func watchTarget(ctx context.Context, g *globals, nc *nats.Conn, target subjects
 				self = true
 			}
 		}
+		if !gone {
+			goneSince = time.Time{}
+		}
 		switch {
 		case self:
 			misses, answered = 0, true
 		case !answered && gone:
 			return // no control endpoint: nothing to watch
+		case gone && goneSince.IsZero():
+			goneSince = time.Now()
+			fallthrough
+		case gone && time.Since(goneSince) < watchGoneFor:
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(watchGoneEvery):
+			}
+			continue
 		case gone:
-			stop(errTargetGone{fmt.Sprintf("target node %s is gone (no responders on its control subject)", target)})
+			stop(errTargetGone{fmt.Sprintf("target node %s is gone (no responders on its control subject for %v)", target, watchGoneFor)})
 			return
 		case len(msgs) > 0:
 			stop(errTargetGone{fmt.Sprintf("target node %s is gone (another generation of %s answers)", target, target.Name)})
 			return
+		case !nc.IsConnected():
+			// This run's own connection is reconnecting: silence (or an
+			// error of the ping) says nothing about the target.
 		case err != nil:
 			stop(errTargetGone{fmt.Sprintf("watching target node %s: %v", target, err)})
 			return

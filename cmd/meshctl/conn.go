@@ -21,15 +21,30 @@ import (
 // connectTimeout bounds dialing NATS, whatever --timeout says.
 const connectTimeout = 5 * time.Second
 
-// connect opens a NATS connection with the global flags, named name. Its
-// errors map to exit code 2.
+// connect opens a NATS connection with the global flags, named name. A CLI
+// command is short: a lost connection is an error, not something to wait
+// out. Its errors map to exit code 2.
 func (g *globals) connect(name string) (*nats.Conn, error) {
+	return g.dial(name, nats.NoReconnect())
+}
+
+// reconnectWait is how long a reconnecting connection (connectReconnecting)
+// waits between attempts.
+const reconnectWait = 250 * time.Millisecond
+
+// connectReconnecting is connect for a long-running command (bench) that
+// must ride out a NATS server restart: it reconnects without limit, and on
+// a lame duck notice of its server it calls lameDuck (which should move the
+// connection: mesh.Client.MoveConnection).
+func (g *globals) connectReconnecting(name string, lameDuck func()) (*nats.Conn, error) {
+	return g.dial(name, nats.MaxReconnects(-1), nats.ReconnectWait(reconnectWait),
+		nats.LameDuckModeHandler(func(*nats.Conn) { lameDuck() }))
+}
+
+func (g *globals) dial(name string, extra ...nats.Option) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.Timeout(connectTimeout),
-		// A CLI command is short: a lost connection is an error, not
-		// something to wait out.
-		nats.NoReconnect(),
 		nats.NoCallbacksAfterClientClose(),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			if errors.Is(err, nats.ErrPermissionViolation) && g.deny != nil {
@@ -63,6 +78,7 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 	if g.inboxPrefix != "" {
 		opts = append(opts, nats.CustomInboxPrefix(g.inboxPrefix))
 	}
+	opts = append(opts, extra...)
 	nc, err := nats.Connect(g.server, opts...)
 	if err != nil {
 		from := ""

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -451,4 +453,64 @@ func TestBenchAbortsWhenTargetGoes(t *testing.T) {
 		!strings.Contains(errb.String(), "run aborted") {
 		t.Errorf("code %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
 	}
+}
+
+// TestBenchRidesOutServerRestart: meshctl bench against a node whose NATS
+// server restarts mid-run (its connection and the node's reconnect): the run
+// is not aborted — resendable failures are re-sent to the target, the target
+// watch ignores silence while bench's own connection reconnects and a
+// moment of no responders while the target's does — and it completes.
+func TestBenchRidesOutServerRestart(t *testing.T) {
+	port := freePort(t)
+	conf := fmt.Sprintf("port: %d\n", port)
+	s := natstest.RunConfig(t, conf)
+	nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	n, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "moving", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = n.Register(hubs.EchoKind, hubs.Echo)
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	done := make(chan struct{})
+	var out, errb bytes.Buffer
+	var code int
+	const total = 6000
+	go func() {
+		defer close(done)
+		code = run([]string{"-s", s.ClientURL(), "--timeout", "15s", "bench", "-n", strconv.Itoa(total), "-c", "4"}, &out, &errb)
+	}()
+	accepted := func() int64 { return n.Host().Stats().Accepted }
+	natstest.Eventually(t, 20*time.Second, func() bool { return accepted() > 200 }, "bench running")
+	s.Shutdown()
+	s.WaitForShutdown()
+	natstest.RunConfig(t, conf) // the same port: both connections come back
+	select {
+	case <-done:
+	case <-time.After(120 * time.Second):
+		t.Fatal("bench did not finish")
+	}
+	if code != 0 || strings.Contains(out.String(), "aborted") {
+		t.Fatalf("bench across a server restart: exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "Accepted="+strconv.Itoa(total)) {
+		t.Errorf("not every delivery accepted:\n%s", out.String())
+	}
+}
+
+// freePort returns a loopback TCP port free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
