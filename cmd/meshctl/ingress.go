@@ -95,12 +95,40 @@ func msgSize(m *nats.Msg) int {
 	return n
 }
 
+// noIngressWait is how long a request meeting no responders on the
+// ingress is re-sent before meshctl says no node serves it: during a
+// rolling restart of the NATS servers the nodes' queue subscriptions are
+// missing from a server for a moment (nothing was delivered, so the re-send
+// is safe), while with no node at all the answer still comes in about a
+// second.
+const noIngressWait = time.Second
+
+// requestIngress sends m and waits for its reply within ctx, re-sending it
+// (backing off from 50 ms, doubling, to 400 ms) while it meets no
+// responders, for up to noIngressWait.
+func requestIngress(ctx context.Context, nc *nats.Conn, m *nats.Msg) (*nats.Msg, error) {
+	end := time.Now().Add(noIngressWait)
+	wait := 50 * time.Millisecond
+	for {
+		reply, err := nc.RequestMsgWithContext(ctx, m)
+		if !errors.Is(err, nats.ErrNoResponders) || !time.Now().Add(wait).Before(end) {
+			return reply, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 400*time.Millisecond)
+	}
+}
+
 // deliverIngress sends d through the ingress of prefix and waits for its
 // verdict (and, with ExpectResponse, the handler's response) for at most
 // timeout. The returned error is for what is not a verdict: invalid input
 // (verdict.ErrInvalidAddress, verdict.ErrBadRequest), a payload over the server's max_payload
 // (verdict.ErrPayloadTooLarge; both before anything is sent), no node
-// serving the ingress (errNoIngress), no answer in time (errIngressTimeout),
+// serving the ingress for noIngressWait (errNoIngress), no answer in time (errIngressTimeout),
 // or the connection's error. A verdict, Accepted or not, is in the answer.
 func deliverIngress(ctx context.Context, nc *nats.Conn, prefix subjects.Prefix, d ingressDelivery, timeout time.Duration) (ingressAnswer, error) {
 	if err := d.validate(); err != nil {
@@ -113,7 +141,7 @@ func deliverIngress(ctx context.Context, nc *nats.Conn, prefix subjects.Prefix, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	reply, err := nc.RequestMsgWithContext(ctx, m)
+	reply, err := requestIngress(ctx, nc, m)
 	switch {
 	case err == nil:
 	case errors.Is(err, nats.ErrNoResponders):

@@ -514,3 +514,34 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// TestSendWaitsBrieflyForTheIngress: a send that meets no responders on the
+// ingress (a moment of a rolling restart: the nodes' queue subscriptions
+// missing on a server) is re-sent for up to noIngressWait and succeeds once
+// a node serves, whichever re-send finds it; with no node at all it still
+// says so (exit 3).
+func TestSendWaitsBrieflyForTheIngress(t *testing.T) {
+	s := natstest.RunServer(t)
+	r := meshctl(t, s, "", "send", hubs.EchoKind+"/x", "hi")
+	wantCode(t, r, exitVerdict)
+	if !strings.Contains(r.stderr, "no mesh node serves the ingress") {
+		t.Fatalf("no node: %s", r)
+	}
+	for k := 1; k <= 2; k++ { // the node comes after the k-th attempt met no responders
+		s := natstest.RunServer(t)
+		inMsgs := func() int64 {
+			v, err := s.Varz(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v.InMsgs
+		}
+		base := inMsgs()
+		done := make(chan result, 1)
+		go func() { done <- meshctl(t, s, "", "send", hubs.EchoKind+"/x", "hi") }()
+		natstest.Eventually(t, 5*time.Second, func() bool { return inMsgs() >= base+int64(k) }, "attempt %d sent", k)
+		startNode(t, s, fmt.Sprintf("late%d", k))
+		r := <-done
+		wantCode(t, r, 0)
+	}
+}
