@@ -28,9 +28,9 @@ import (
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
-// stateBucket binds the durable state bucket through url (the nodes create
-// it when they join).
-func stateBucket(t *testing.T, url string) jetstream.KeyValue {
+// bindBucket binds the KV bucket name through url, retrying while it has no
+// leader or does not exist yet (the nodes create the buckets when they join).
+func bindBucket(t *testing.T, url, name string) jetstream.KeyValue {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
 	if err != nil {
@@ -45,9 +45,9 @@ func stateBucket(t *testing.T, url string) jetstream.KeyValue {
 	natstest.Eventually(t, 30*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		kv, err = js.KeyValue(ctx, hubstate.BucketName(subjects.DefaultPrefix))
+		kv, err = js.KeyValue(ctx, name)
 		return err == nil
-	}, "state bucket bound")
+	}, "bucket %s bound", name)
 	return kv
 }
 
@@ -208,7 +208,7 @@ func TestClusterDurableChaos(t *testing.T) {
 	var gone []*Meshd // processes replaced by a restart (their logs)
 	tc := clientNode(t, c.URL())
 	waitHosting(t, tc, "dctr", 3)
-	kv := stateBucket(t, c.URL())
+	kv := bindBucket(t, c.URL(), hubstate.BucketName(subjects.DefaultPrefix))
 	saves := watchSaves(t, kv)
 
 	const counters, workers = 6, 12
@@ -511,7 +511,7 @@ func TestClusterStateFencing(t *testing.T) {
 			aID, _ := subjects.ParseNodeID(a.Node)
 			bID, _ := subjects.ParseNodeID(b.Node)
 			natstest.Eventually(t, 30*time.Second, func() bool { return alive(tc, aID.Name) && alive(tc, bID.Name) }, "both nodes live")
-			kv := stateBucket(t, c.URL())
+			kv := bindBucket(t, c.URL(), hubstate.BucketName(subjects.DefaultPrefix))
 			saves := watchSaves(t, kv)
 			var addr subjects.Address
 			for i := 0; ; i++ {
@@ -559,7 +559,7 @@ func TestClusterStateFencing(t *testing.T) {
 				successor, _ = subjects.ParseNodeID(a2.Node)
 				defer func() { _ = a.Signal(syscall.SIGKILL) }()
 			case "claim-rewritten":
-				dir := dirBucket(t, c.URL())
+				dir := bindBucket(t, c.URL(), directory.BucketName(subjects.DefaultPrefix))
 				claim := fmt.Sprintf(`{"owner":%q,"claimed":%q}`, bID.String(), time.Now().UTC().Format(time.RFC3339Nano))
 				if _, err := dir.Put(ctx, subjects.EncodeToken(string(addr)), []byte(claim)); err != nil {
 					t.Fatal(err)
@@ -611,23 +611,4 @@ func TestClusterStateFencing(t *testing.T) {
 			saves.mu.Unlock()
 		})
 	}
-}
-
-// dirBucket binds the address directory through url.
-func dirBucket(t *testing.T, url string) jetstream.KeyValue {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(context.Background(), directory.BucketName(subjects.DefaultPrefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kv
 }
