@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -62,7 +61,7 @@ func prodNodeArgs(name, url string) []string {
 // the node connection settings.
 func senderNode(t *testing.T, url string, late func(mesh.LateVerdict)) *mesh.Node {
 	t.Helper()
-	log := &syncBuffer{}
+	log := &natstest.SyncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("sender log:\n%s", log.String())
@@ -89,24 +88,6 @@ func senderNode(t *testing.T, url string, late func(mesh.LateVerdict)) *mesh.Nod
 	}
 	t.Cleanup(func() { n.Close() })
 	return n
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // factoryLog records test.factory events.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,27 +55,9 @@ func startOwner(t *testing.T, s *server.Server, extra map[string]hub.Factory) *m
 	return node
 }
 
-// syncBuffer is a bytes.Buffer safe to read while the command writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // running is a meshctl command running in a goroutine.
 type running struct {
-	out, errb syncBuffer
+	out, errb natstest.SyncBuffer
 	done      chan struct{}
 	code      int
 	cancel    context.CancelFunc
