@@ -56,7 +56,11 @@ func (j *asyncCall) run() {
 	if stop != nil {
 		stop()
 	}
-	r, err := j.c.run(j.ctx, j.start, &j.d, j.key, j.t, nil)
+	deadline, ok := j.ctx.Deadline()
+	if !ok {
+		deadline = j.start.Add(j.c.opts.requestTimeout)
+	}
+	r, err := j.c.run(j.ctx, j.start, deadline, &j.d, j.key, j.t, nil)
 	if j.span != nil {
 		endSend(j.span, r, err)
 	}

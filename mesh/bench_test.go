@@ -246,3 +246,78 @@ func runSequential(b *testing.B, op func() error) {
 	b.StopTimer()
 	reportPercentiles(b, lat)
 }
+
+// BenchmarkPaired: sequential Deliver and Request against raw NATS
+// request/reply, interleaved call by call on one server (mesh, raw, raw,
+// mesh, ...), so that both see the same load at the same moments: on a
+// shared machine the load drifts between two sub-benchmarks by more than
+// the difference measured. Reports each side's p50 and p99 in µs and the
+// p50 ratio mesh/raw.
+func BenchmarkPaired(b *testing.B) {
+	s := natstest.RunServer(b)
+	rawResponder(b, s, "raw.paired")
+	nc := natstest.Connect(b, s)
+	n := benchNode(b, s)
+	ctx := context.Background()
+	raw := func() error {
+		_, err := nc.Request("raw.paired", payload128, 5*time.Second)
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		mesh func() error
+	}{
+		{"Deliver", func() error {
+			_, err := n.Deliver(ctx, Delivery{To: "bench/paired", Payload: payload128})
+			return err
+		}},
+		{"Request", func() error {
+			_, err := n.Request(ctx, Delivery{To: "bench/paired-req", Payload: payload128})
+			return err
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			if err := c.mesh(); err != nil { // warm: activation built
+				b.Fatal(err)
+			}
+			runPaired(b, c.mesh, raw)
+		})
+	}
+}
+
+// runPaired runs mesh and raw b.N times each, alternating which goes first,
+// timing every call, and reports both sides' percentiles and the ratio of
+// their medians.
+func runPaired(b *testing.B, mesh, raw func() error) {
+	b.Helper()
+	lm := make([]time.Duration, 0, b.N)
+	lr := make([]time.Duration, 0, b.N)
+	timed := func(op func() error, lat *[]time.Duration) {
+		t0 := time.Now()
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+		*lat = append(*lat, time.Since(t0))
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%2 == 0 {
+			timed(mesh, &lm)
+			timed(raw, &lr)
+		} else {
+			timed(raw, &lr)
+			timed(mesh, &lm)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(lm)
+	slices.Sort(lr)
+	pct := func(lat []time.Duration, p float64) float64 {
+		return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(pct(lm, 0.5), "mesh-p50-µs")
+	b.ReportMetric(pct(lr, 0.5), "raw-p50-µs")
+	b.ReportMetric(pct(lm, 0.99), "mesh-p99-µs")
+	b.ReportMetric(pct(lr, 0.99), "raw-p99-µs")
+	b.ReportMetric(pct(lm, 0.5)/pct(lr, 0.5), "p50-ratio")
+}

@@ -231,12 +231,24 @@ func (c *Client) Deliver(ctx context.Context, d Delivery) (Receipt, error) {
 }
 
 func (c *Client) deliver(ctx context.Context, d *Delivery, f *flight) (Receipt, error) {
+	return c.deliverBy(ctx, time.Time{}, d, f)
+}
+
+// deliverBy is deliver bounded by deadline; zero means ctx's deadline, or
+// the request timeout from now (see run).
+func (c *Client) deliverBy(ctx context.Context, deadline time.Time, d *Delivery, f *flight) (Receipt, error) {
 	start := time.Now()
 	key, t, err := c.begin(d, f == nil)
 	if err != nil {
 		return Receipt{ID: d.ID}, err
 	}
-	return c.run(ctx, start, d, key, t, f)
+	if deadline.IsZero() {
+		var ok bool
+		if deadline, ok = ctx.Deadline(); !ok {
+			deadline = start.Add(c.opts.requestTimeout)
+		}
+	}
+	return c.run(ctx, start, deadline, d, key, t, f)
 }
 
 // Result is the outcome of [Client.DeliverAsync].
@@ -298,13 +310,11 @@ func (c *Client) begin(d *Delivery, validate bool) (LaneKey, *laneTicket, error)
 // f is the Request's flight, or nil for a plain delivery; a Request counts
 // its own final outcome once its response came.
 //
-// start is when the call began (the latency histogram's origin).
-func (c *Client) run(ctx context.Context, start time.Time, d *Delivery, key LaneKey, t *laneTicket, f *flight) (Receipt, error) {
+// start is when the call began (the latency histogram's origin); deadline
+// bounds it: ctx's own, or the request timeout from start (from the call: a
+// DeliverAsync may start later).
+func (c *Client) run(ctx context.Context, start, deadline time.Time, d *Delivery, key LaneKey, t *laneTicket, f *flight) (Receipt, error) {
 	defer c.calls.leave()
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = start.Add(c.opts.requestTimeout) // from the call: a DeliverAsync may start later
-	}
 	if f == nil {
 		f = &flight{id: d.ID, idempotent: d.Idempotent}
 	}

@@ -84,6 +84,52 @@ func TestRequestAcceptedNoResponse(t *testing.T) {
 	}
 }
 
+// TestRequestTimeoutWithoutDeadline: a Request whose ctx has no deadline
+// is bounded by the request timeout (WithRequestTimeout) once accepted, as
+// a timeout — Failed, not resendable, context.DeadlineExceeded — handled
+// once; while a response that comes within it still wins, every time, and
+// the timers that bound the wait are recycled without a stale tick (many
+// Requests, alternating answered and unanswered).
+func TestRequestTimeoutWithoutDeadline(t *testing.T) {
+	s := natstest.RunServer(t)
+	const timeout = 150 * time.Millisecond
+	n, rec := testNode(t, s, "a", WithRequestTimeout(timeout))
+	release := make(chan struct{})
+	defer close(release)
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		if string(d.Payload) == "silent" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		}
+		return d.Respond(d.Payload)
+	}
+	ctx := context.Background()
+	for i := 0; i < 6; i++ {
+		start := time.Now()
+		resp, err := n.Request(ctx, Delivery{To: subjects.Address(fmt.Sprintf("rec/silent-%d", i)), Payload: []byte("silent")})
+		if !errors.Is(err, context.DeadlineExceeded) || verdict.IsResendable(err) || verdict.Classify(err) != verdict.Failed {
+			t.Fatalf("round %d: Request = %v; want a non-resendable timeout", i, err)
+		}
+		if waited := time.Since(start); waited < timeout {
+			t.Fatalf("round %d: failed after %v, before the request timeout %v", i, waited, timeout)
+		}
+		if resp.Node != n.ID() || resp.Attempts != 1 {
+			t.Errorf("round %d: receipt %+v: want accepted on the first attempt", i, resp.Receipt)
+		}
+		natstest.Eventually(t, 5*time.Second, func() bool { return rec.executions(resp.ID) == 1 }, "handled once")
+		for j := 0; j < 50; j++ { // recycled timers: no stale expiry
+			p := []byte(fmt.Sprintf("p%d-%d", i, j))
+			resp, err := n.Request(ctx, Delivery{To: "rec/echo", Payload: p})
+			if err != nil || string(resp.Payload) != string(p) {
+				t.Fatalf("round %d/%d: Request = %q, %v", i, j, resp.Payload, err)
+			}
+		}
+	}
+}
+
 func TestInvalidInputFailsBeforeSending(t *testing.T) {
 	s := natstest.RunServer(t, natstest.WithMaxPayload(1024))
 	n, rec := testNode(t, s, "a")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -55,19 +56,22 @@ func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
 	return c.requestCounted(ctx, &d)
 }
 
+// requestCounted runs Request d and counts its outcome. A ctx without
+// deadline is bounded by the request timeout where the call waits (its
+// lane, slot and legs in run, the response in awaitResponse), not by
+// wrapping ctx: no context and timer per Request on the fast path.
 func (c *Client) requestCounted(ctx context.Context, d *Delivery) (Response, error) {
 	start := time.Now()
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.opts.requestTimeout)
-		defer cancel()
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = start.Add(c.opts.requestTimeout)
 	}
-	resp, err := c.request(ctx, d)
+	resp, err := c.request(ctx, deadline, d)
 	c.count(err, start)
 	return resp, err
 }
 
-func (c *Client) request(ctx context.Context, d *Delivery) (Response, error) {
+func (c *Client) request(ctx context.Context, deadline time.Time, d *Delivery) (Response, error) {
 	if err := c.validate(d); err != nil {
 		return Response{Receipt: Receipt{ID: d.ID}}, err
 	}
@@ -108,13 +112,22 @@ func (c *Client) request(ctx context.Context, d *Delivery) (Response, error) {
 		}
 		c.pendingMu.Unlock()
 	}()
-	r, err := c.deliver(ctx, d, f)
+	r, err := c.deliverBy(ctx, deadline, d, f)
 	if err != nil {
 		return Response{Receipt: r}, err
 	}
 	defer c.unindex(f)
-	return c.awaitResponse(ctx, d, f, r)
+	return c.awaitResponse(ctx, deadline, d, f, r)
 }
+
+// deadlineTimers recycles the timers that bound a response's wait when the
+// caller's ctx has no deadline (Go 1.23 timer semantics: a stopped timer
+// delivers no stale tick after Reset).
+var deadlineTimers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
 
 // awaitResponse waits for an accepted Request's response. Its verdict
 // follows from the facts under f.mu when the wait ends: an answer that
@@ -127,7 +140,18 @@ func (c *Client) request(ctx context.Context, d *Delivery) (Response, error) {
 // transit: the request is re-sent to the same generation with the same
 // delivery ID (resendAwaited), and the owner's dedupe answers it with the
 // kept response again, or with verdict.ErrResponseGone — never silence.
-func (c *Client) awaitResponse(ctx context.Context, d *Delivery, f *flight, r Receipt) (Response, error) {
+func (c *Client) awaitResponse(ctx context.Context, deadline time.Time, d *Delivery, f *flight, r Receipt) (Response, error) {
+	var expired <-chan time.Time // deadline, when ctx itself has none
+	if _, ok := ctx.Deadline(); !ok {
+		t := deadlineTimers.Get().(*time.Timer)
+		t.Reset(time.Until(deadline))
+		defer func() {
+			t.Stop()
+			deadlineTimers.Put(t)
+		}()
+		expired = t.C
+	}
+	timedOut := false
 	for {
 		f.mu.Lock()
 		wake := f.wake
@@ -135,16 +159,18 @@ func (c *Client) awaitResponse(ctx context.Context, d *Delivery, f *flight, r Re
 		select {
 		case <-wake:
 		case <-ctx.Done():
+		case <-expired:
+			timedOut = true
 		}
 		f.mu.Lock()
-		if f.ans != nil || f.ev != evMoved || ctx.Err() != nil {
+		if f.ans != nil || f.ev != evMoved || ctx.Err() != nil || timedOut {
 			break // decided below, under f.mu
 		}
 		// The owner's connection moved: re-send, then await again.
 		f.ev, f.evErr = evNone, nil
 		f.wake, f.woken = make(chan struct{}), false
 		f.mu.Unlock()
-		if err := c.resendAwaited(ctx, d, f, r.Node); err != nil {
+		if err := c.resendAwaitedBy(ctx, deadline, d, f, r.Node); err != nil {
 			f.mu.Lock()
 			if f.ans == nil {
 				f.phase = phaseDone
@@ -166,7 +192,22 @@ func (c *Client) awaitResponse(ctx context.Context, d *Delivery, f *flight, r Re
 	case cause != nil:
 		return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, cause)
 	}
-	return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s accepted by %s, no response: %w", d.ID, d.To, r.Node, ctx.Err())
+	cerr := ctx.Err()
+	if cerr == nil {
+		cerr = context.DeadlineExceeded // the request timeout: the callee may hold it
+	}
+	return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s accepted by %s, no response: %w", d.ID, d.To, r.Node, cerr)
+}
+
+// resendAwaitedBy is resendAwaited bounded by deadline (rare: only after
+// the owner's connection moved, so the context it needs is made here).
+func (c *Client) resendAwaitedBy(ctx context.Context, deadline time.Time, d *Delivery, f *flight, node subjects.NodeID) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	return c.resendAwaited(ctx, d, f, node)
 }
 
 // dispatchAnswer receives late verdicts and responses on the answer subject.
