@@ -775,8 +775,12 @@ func replyOf(m *nats.Msg) (*nats.Msg, error) {
 // (departed: resendable; closing), else the caller's cancellation (Failed),
 // else the deadline (verdict.ErrDeadlineUnsent: nothing was sent).
 func (c *Client) waitSlot(ctx context.Context, deadline time.Time, f *flight) error {
-	wctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
+	timer := deadlineTimers.Get().(*time.Timer) // not a context per wait
+	timer.Reset(time.Until(deadline))
+	defer func() {
+		timer.Stop()
+		deadlineTimers.Put(timer)
+	}()
 	f.mu.Lock()
 	wake := f.wake
 	f.mu.Unlock()
@@ -784,7 +788,8 @@ func (c *Client) waitSlot(ctx context.Context, deadline time.Time, f *flight) er
 	case c.sem <- struct{}{}:
 		return nil // an event meanwhile is read by the caller
 	case <-wake:
-	case <-wctx.Done():
+	case <-ctx.Done():
+	case <-timer.C:
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

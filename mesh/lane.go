@@ -211,8 +211,14 @@ func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicke
 		return nil
 	}
 	l.mu.Unlock()
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
+	// deadline is ctx's own or earlier: a pooled timer bounds the wait, not
+	// a context per wait.
+	timer := deadlineTimers.Get().(*time.Timer)
+	timer.Reset(time.Until(deadline))
+	defer func() {
+		timer.Stop()
+		deadlineTimers.Put(timer)
+	}()
 	for {
 		var err error
 		select {
@@ -232,6 +238,8 @@ func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicke
 			if !errors.Is(err, context.Canceled) {
 				err = &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}
 			}
+		case <-timer.C:
+			err = &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}
 		case <-c.stop:
 			err = verdict.ErrClosing
 		}
