@@ -17,7 +17,9 @@ import (
 // SendTimeout is the default bound of each frame delivery to a subscriber
 // (its retry ladder included): a frame is bounded by the sending client's
 // request timeout (mesh.WithRequestTimeout, default mesh.DefaultRequestTimeout),
-// counted from Publish. A subscriber that cannot be reached in that time is
+// counted from when the delivery carrying it leaves the owner (a frame waits
+// in the owner while FrameWindow deliveries to its subscriber are in flight,
+// each bounded so). A subscriber that cannot be reached in that time is
 // dropped and recovers by subscribing again.
 const SendTimeout = mesh.DefaultRequestTimeout
 
@@ -35,8 +37,48 @@ type Owner struct {
 
 	mu      sync.Mutex
 	version map[subjects.Stream]uint64
-	subs    map[subjects.Stream]map[subjects.Address]bool
+	subs    map[subjects.Stream]map[subjects.Address]*outbox
 	frames  int64
+	limit   int // the frames payload bound, once known
+}
+
+// framesLimitLocked returns the bound of a frames payload: MaxFramesBytes,
+// or half the server's max_payload if that is less.
+func (o *Owner) framesLimitLocked() int {
+	if o.limit > 0 {
+		return o.limit
+	}
+	m := o.sender.MaxPayload()
+	if m <= 0 {
+		return MaxFramesBytes // not connected yet: not cached
+	}
+	o.limit = int(min(m/2, MaxFramesBytes))
+	return o.limit
+}
+
+// FrameWindow is how many frame deliveries the owner keeps in flight to one
+// subscriber of one stream. Frames published while they are all in flight
+// wait in the owner and leave together, in one delivery, when one of them
+// settles: a stream's rate is not one frame per round trip.
+const FrameWindow = 4
+
+// MaxFramesBytes bounds the payload of a delivery that carries several
+// frames (a frame larger than that travels alone). It is halved for a
+// server whose max_payload is less than twice as large.
+const MaxFramesBytes = 64 << 10
+
+// outbox is the owner's side of one subscriber's lane (subscriber, stream).
+// Its fields are guarded by the owner's mutex. Only the goroutine that set
+// issuing hands deliveries to the client, so they leave in frame order.
+type outbox struct {
+	sub     subjects.Address
+	stream  subjects.Stream
+	legacy  bool     // the subscriber reads only JSON frames: one per delivery; else the frames encoding
+	pending [][]byte // the payloads of the deliveries to send, in order
+	flight  int      // deliveries in flight
+	issuing bool
+	dead    bool // dropped or unsubscribed: nothing more is sent
+	closed  bool // the owner closed: failures are expected
 }
 
 // NewOwner returns the owner side for the activation of self. sender
@@ -50,7 +92,7 @@ func NewOwner(sender *mesh.Client, self subjects.Address, snapshot func(subjects
 	}
 	return &Owner{
 		sender: sender, self: self, epoch: uint64(time.Now().UnixNano()), snapshot: snapshot, log: log,
-		version: map[subjects.Stream]uint64{}, subs: map[subjects.Stream]map[subjects.Address]bool{},
+		version: map[subjects.Stream]uint64{}, subs: map[subjects.Stream]map[subjects.Address]*outbox{},
 	}
 }
 
@@ -122,17 +164,34 @@ func (o *Owner) Handle(d *hub.Delivery) (bool, error) {
 	stream := subjects.StreamIdentity(req.Stream)
 	o.mu.Lock()
 	if d.Type == TypeUnsubscribe {
-		delete(o.subs[stream], req.Subscriber)
+		if ob := o.subs[stream][req.Subscriber]; ob != nil {
+			ob.dead, ob.pending = true, nil
+			delete(o.subs[stream], req.Subscriber)
+		}
 		o.mu.Unlock()
 		return true, d.Respond(nil)
 	}
 	if o.subs[stream] == nil {
-		o.subs[stream] = map[subjects.Address]bool{}
+		o.subs[stream] = map[subjects.Address]*outbox{}
 	}
-	o.subs[stream][req.Subscriber] = true
+	legacy := req.Format < FramesFormat
+	ob := o.subs[stream][req.Subscriber]
+	if ob == nil || ob.legacy != legacy {
+		if ob != nil {
+			ob.dead, ob.pending = true, nil
+		}
+		// A subscriber already there keeps its outbox: the snapshot
+		// follows the frames queued before it.
+		ob = &outbox{sub: req.Subscriber, stream: stream, legacy: legacy}
+		o.subs[stream][req.Subscriber] = ob
+	}
 	v, epoch := o.version[stream], o.epoch
 	o.mu.Unlock()
-	o.send(req.Subscriber, stream, Frame{Epoch: epoch, Version: v, Snapshot: true, Attempt: req.Attempt, Data: o.snapshot(stream)})
+	snap := Frame{Epoch: epoch, Version: v, Snapshot: true, Attempt: req.Attempt, Data: o.snapshot(stream)}
+	o.mu.Lock()
+	p := o.queueLocked(ob, &snap)
+	o.mu.Unlock()
+	o.flush(ob, p)
 	return true, d.Respond(encode(subscribeReply{Epoch: epoch, Version: v}))
 }
 
@@ -142,14 +201,26 @@ func (o *Owner) Publish(stream subjects.Stream, data []byte) {
 	stream = subjects.StreamIdentity(stream)
 	o.mu.Lock()
 	o.version[stream]++
-	v, epoch := o.version[stream], o.epoch
-	subs := make([]subjects.Address, 0, len(o.subs[stream]))
-	for s := range o.subs[stream] {
-		subs = append(subs, s)
+	f := Frame{Epoch: o.epoch, Version: o.version[stream], Data: data}
+	subs := o.subs[stream]
+	if len(subs) == 1 { // the common case, without a slice
+		for _, ob := range subs {
+			p := o.queueLocked(ob, &f)
+			o.mu.Unlock()
+			o.flush(ob, p)
+			return
+		}
+	}
+	var start []*outbox
+	var payloads [][]byte
+	for _, ob := range subs {
+		if p := o.queueLocked(ob, &f); p != nil {
+			start, payloads = append(start, ob), append(payloads, p)
+		}
 	}
 	o.mu.Unlock()
-	for _, s := range subs {
-		o.send(s, stream, Frame{Epoch: epoch, Version: v, Data: data})
+	for i, ob := range start {
+		o.flush(ob, payloads[i])
 	}
 }
 
@@ -157,13 +228,22 @@ func (o *Owner) Publish(stream subjects.Stream, data []byte) {
 // subscribe again, to the next activation) and forgets them.
 func (o *Owner) Close() {
 	o.mu.Lock()
-	all, epoch := o.subs, o.epoch
-	o.subs = map[subjects.Stream]map[subjects.Address]bool{}
-	o.mu.Unlock()
-	for stream, subs := range all {
-		for s := range subs {
-			o.send(s, stream, Frame{Epoch: epoch, Closed: true})
+	all := o.subs
+	o.subs = map[subjects.Stream]map[subjects.Address]*outbox{}
+	f := Frame{Epoch: o.epoch, Closed: true}
+	var start []*outbox
+	var payloads [][]byte
+	for _, subs := range all {
+		for _, ob := range subs {
+			ob.closed = true
+			if p := o.queueLocked(ob, &f); p != nil {
+				start, payloads = append(start, ob), append(payloads, p)
+			}
 		}
+	}
+	o.mu.Unlock()
+	for i, ob := range start {
+		o.flush(ob, payloads[i])
 	}
 }
 
@@ -174,24 +254,95 @@ func (o *Owner) Frames() int64 {
 	return o.frames
 }
 
-// send delivers a frame on the lane (subscriber, stream); DeliverAsyncFunc
-// keeps the call order, so frames leave in version order, pipelined in the
-// lane's window, with no goroutine of their own while they wait in the lane.
-// A subscriber that cannot be reached is dropped.
-func (o *Owner) send(sub subjects.Address, stream subjects.Stream, f Frame) {
-	o.mu.Lock()
+// queueLocked queues f to ob, encoded (the caller may reuse f.Data); if ob
+// may send now and no goroutine is sending for it, it returns the payload to
+// send and the caller, after unlocking, calls flush with it. Called with
+// o.mu held.
+func (o *Owner) queueLocked(ob *outbox, f *Frame) []byte {
+	if ob.dead {
+		return nil
+	}
 	o.frames++
-	o.mu.Unlock()
-	closed := f.Closed
-	o.sender.DeliverAsyncFunc(context.Background(), mesh.Delivery{From: o.self, To: sub, Stream: stream, Type: TypeFrame, Payload: encode(f),
-		Idempotent: true}, // the subscriber's (epoch, version) guard drops a frame applied twice
-		func(r mesh.Result) {
-			if r.Err == nil || closed {
-				return
+	if ob.legacy {
+		ob.pending = append(ob.pending, encode(f))
+	} else {
+		limit := o.framesLimitLocked()
+		n := len(ob.pending)
+		if n == 0 || len(ob.pending[n-1])+recordSize(f) > limit {
+			ob.pending = append(ob.pending, AppendFrames(make([]byte, 0, min(limit, max(512, recordSize(f)+1))), *f))
+		} else {
+			ob.pending[n-1] = appendRecord(ob.pending[n-1], f)
+		}
+	}
+	if ob.issuing {
+		return nil
+	}
+	p := ob.takeLocked()
+	if p != nil {
+		ob.issuing = true
+	}
+	return p
+}
+
+// takeLocked takes the next payload to send, if ob's window has room, and
+// counts it in flight.
+func (ob *outbox) takeLocked() []byte {
+	if ob.dead || ob.flight >= FrameWindow || len(ob.pending) == 0 {
+		return nil
+	}
+	p := ob.pending[0]
+	ob.pending[0] = nil
+	ob.pending = ob.pending[1:]
+	ob.flight++
+	return p
+}
+
+// flush sends p and then whatever else ob may send, until its window is
+// full or nothing is queued; it is called only by the goroutine that set
+// ob.issuing (p non-nil), so deliveries reach the client in frame order.
+func (o *Owner) flush(ob *outbox, p []byte) {
+	for p != nil {
+		o.deliver(ob, p)
+		o.mu.Lock()
+		if p = ob.takeLocked(); p == nil {
+			ob.issuing = false
+		}
+		o.mu.Unlock()
+	}
+}
+
+// deliver hands one payload to the client on the lane (subscriber, stream);
+// DeliverAsyncFunc keeps the call order and pipelines the lane's deliveries,
+// with no goroutine of their own while they wait. When a delivery settles
+// the outbox sends what queued meanwhile. A subscriber that cannot be
+// reached is dropped.
+func (o *Owner) deliver(ob *outbox, p []byte) {
+	d := mesh.Delivery{From: o.self, To: ob.sub, Stream: ob.stream, Type: TypeFrames, Payload: p,
+		Idempotent: true} // the subscriber's (epoch, version) guard drops a frame applied twice
+	if ob.legacy {
+		d.Type = TypeFrame
+	}
+	o.sender.DeliverAsyncFunc(context.Background(), d, func(r mesh.Result) {
+		o.mu.Lock()
+		ob.flight--
+		if r.Err != nil && !ob.closed && !ob.dead {
+			ob.dead, ob.pending = true, nil
+			if o.subs[ob.stream][ob.sub] == ob {
+				delete(o.subs[ob.stream], ob.sub)
 			}
-			o.mu.Lock()
-			delete(o.subs[stream], sub)
 			o.mu.Unlock()
-			o.log.Info("sync-stream subscriber dropped", "owner", string(o.self), "subscriber", string(sub), "stream", string(stream), "err", fmt.Sprint(r.Err))
-		})
+			o.log.Info("sync-stream subscriber dropped", "owner", string(o.self), "subscriber", string(ob.sub), "stream", string(ob.stream), "err", fmt.Sprint(r.Err))
+			return
+		}
+		var next []byte
+		if !ob.issuing {
+			if next = ob.takeLocked(); next != nil {
+				ob.issuing = true
+			}
+		}
+		o.mu.Unlock()
+		if next != nil {
+			o.flush(ob, next)
+		}
+	})
 }

@@ -183,15 +183,33 @@ func subscriberFactory(_ context.Context, addr subjects.Address) (hub.Hub, error
 	return v.(*Subscription), nil
 }
 
-// Handle is the subscriber hub: it applies frames through the guard.
+// Handle is the subscriber hub: it applies frames through the guard, the
+// frames of one delivery in order. A delivery that does not decode is
+// refused (bad-request) and nothing of it is applied.
 func (s *Subscription) Handle(_ context.Context, d *hub.Delivery) error {
-	if d.Type != TypeFrame {
-		return verdict.New(verdict.ReasonBadRequest, "subscriber takes only %s deliveries", TypeFrame)
+	switch d.Type {
+	case TypeFrames:
+		fs, err := DecodeFrames(d.Payload)
+		if err != nil {
+			return verdict.New(verdict.ReasonBadRequest, "%v", err)
+		}
+		for i := range fs {
+			s.apply(&fs[i])
+		}
+	case TypeFrame:
+		var f Frame
+		if err := json.Unmarshal(d.Payload, &f); err != nil {
+			return verdict.New(verdict.ReasonBadRequest, "malformed frame: %v", err)
+		}
+		s.apply(&f)
+	default:
+		return verdict.New(verdict.ReasonBadRequest, "subscriber takes only %s and %s deliveries", TypeFrames, TypeFrame)
 	}
-	var f Frame
-	if err := json.Unmarshal(d.Payload, &f); err != nil {
-		return verdict.New(verdict.ReasonBadRequest, "malformed frame: %v", err)
-	}
+	return nil
+}
+
+// apply applies f if the guard lets it through, or counts it stale.
+func (s *Subscription) apply(f *Frame) {
 	if f.Closed {
 		s.mu.Lock()
 		current := f.Epoch == s.epoch
@@ -199,7 +217,7 @@ func (s *Subscription) Handle(_ context.Context, d *hub.Delivery) error {
 		if current {
 			s.poke() // the owner activation we follow is going away
 		}
-		return nil
+		return
 	}
 	s.mu.Lock()
 	apply := false
@@ -216,11 +234,10 @@ func (s *Subscription) Handle(_ context.Context, d *hub.Delivery) error {
 	s.mu.Unlock()
 	if !apply {
 		s.stale.Add(1)
-		return nil
+		return
 	}
 	s.applied.Add(1)
-	s.handler(f)
-	return nil
+	s.handler(*f)
 }
 
 // Pinned keeps the subscriber activation while the subscription lives.
@@ -352,7 +369,7 @@ func (s *Subscription) subscribeOnce() error {
 	}()
 	resp, err := s.node.Request(ctx, mesh.Delivery{
 		From: s.self, To: s.owner, Stream: s.stream, Type: TypeSubscribe,
-		Payload:    encode(subscribeRequest{Subscriber: s.self, Stream: s.stream, Attempt: attempt}),
+		Payload:    encode(subscribeRequest{Subscriber: s.self, Stream: s.stream, Attempt: attempt, Format: FramesFormat}),
 		Idempotent: true, // a second subscribe under one ID re-sends the snapshot
 	})
 	if err != nil {

@@ -14,6 +14,13 @@
 // clock skew between nodes cannot wedge it — and from then on drops every
 // frame of another epoch, or of its epoch and an older or equal version.
 //
+// Frames travel in the compact frames encoding (AppendFrames, DecodeFrames;
+// docs/protocol.md §8a), several to a delivery when they are published
+// faster than the subscriber's round trip: the owner keeps FrameWindow
+// deliveries in flight per subscriber and stream, and what is published
+// meanwhile leaves together in the next one. Each frame still passes the
+// guard on its own.
+//
 // Recovery: when the owner's node departs, the owner closes the stream, or
 // a subscribe attempt fails with a resendable verdict, the subscription
 // subscribes again by itself (three immediate grace attempts, then back-off
@@ -35,7 +42,12 @@ import (
 const (
 	TypeSubscribe   = "natsmesh.subscribe"
 	TypeUnsubscribe = "natsmesh.unsubscribe"
-	TypeFrame       = "natsmesh.frame"
+	// TypeFrame carries one frame as JSON, to a subscriber that did not
+	// ask for the frames encoding (an older one); still read.
+	TypeFrame = "natsmesh.frame"
+	// TypeFrames carries one or more frames in the frames encoding
+	// (AppendFrames), to a subscriber that asked for it.
+	TypeFrames = "natsmesh.frames"
 )
 
 // SubscriberKind is the internal hub kind of subscriber addresses,
@@ -69,6 +81,9 @@ type subscribeRequest struct {
 	Subscriber subjects.Address `json:"subscriber"`
 	Stream     subjects.Stream  `json:"stream"`
 	Attempt    string           `json:"attempt"`
+	// Format is the highest frames encoding format the subscriber reads
+	// (FramesFormat); 0 or absent: it reads only JSON natsmesh.frame.
+	Format int `json:"format,omitempty"`
 }
 
 type subscribeReply struct {
