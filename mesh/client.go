@@ -315,16 +315,22 @@ func (c *Client) begin(d *Delivery, validate bool) (LaneKey, *laneTicket, error)
 // DeliverAsync may start later).
 func (c *Client) run(ctx context.Context, start, deadline time.Time, d *Delivery, key LaneKey, t *laneTicket, f *flight) (Receipt, error) {
 	defer c.calls.leave()
+	var r Receipt
+	var err error
 	if f == nil {
-		f = &flight{id: d.ID, idempotent: d.Idempotent}
+		f = getFlight(d)
+		r, err = c.attempts(ctx, deadline, d, f, t)
+		putFlight(f) // decided and unindexed: no leg, wait or back-off of it is left
+		f = nil
+	} else {
+		r, err = c.attempts(ctx, deadline, d, f, t)
 	}
-	r, err := c.attempts(ctx, deadline, d, f, t)
 	c.finishLane(t, err == nil)
 	if err == nil {
 		c.accepted.Add(1)
 	}
-	if !f.request {
-		c.count(err, start)
+	if f == nil {
+		c.count(err, start) // a Request counts its own once its response came
 	}
 	return r, err
 }

@@ -60,7 +60,14 @@ type flight struct {
 	idempotent bool
 	request    bool // a Request: its response is awaited after acceptance
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// use counts the flight's lives (a plain delivery's flight is pooled:
+	// getFlight, putFlight). It changes only after the flight left the
+	// index for the last time, so a snapshot of the index (under c.fl.mu)
+	// reads it race-free, and an event applied from a snapshot (under
+	// f.mu) finds out whether the flight was released and reused since:
+	// then the event is not its own and is dropped (flightRef).
+	use     uint64
 	phase   phase
 	node    subjects.NodeID // the owner addressed (waiting, sent) or the node that accepted it (accepted)
 	ev      event           // the first event since the phase's wait began
@@ -73,6 +80,44 @@ type flight struct {
 	early   []*nats.Msg // answers that overtook the acceptance (answers.go), unverified
 	ans     *answer     // the genuine response or late verdict that arrived for it
 	ansUsed bool        // ans is the verdict
+}
+
+// flightPool recycles the flights of plain deliveries (Client.run), each
+// with its wake channel while that was not closed: a flight is put back
+// once its delivery's verdict is decided and it left the index for the last
+// time, so only a snapshot of the index taken before can still reach it,
+// and flightRef.lock turns that away (use). A Request's flight is not
+// pooled: its delivery ID stays in the pending map and answers may find it
+// after its call returned.
+var flightPool = sync.Pool{New: func() any { return new(flight) }}
+
+// getFlight returns a fresh flight for plain delivery d.
+func getFlight(d *Delivery) *flight {
+	f := flightPool.Get().(*flight)
+	f.id, f.idempotent = d.ID, d.Idempotent
+	return f
+}
+
+// putFlight gives back a flight of getFlight whose delivery is decided and
+// that is no longer indexed; it must not be used afterwards.
+func putFlight(f *flight) {
+	f.retire()
+	flightPool.Put(f)
+}
+
+// retire ends f's life: it clears f for its next one and counts the life.
+func (f *flight) retire() {
+	f.mu.Lock()
+	wake := f.wake
+	if f.woken {
+		wake = nil // closed: address would replace it anyway
+	}
+	use := f.use + 1
+	f.id, f.idempotent, f.request = "", false, false
+	f.phase, f.node, f.ev, f.evText, f.evErr, f.woken, f.backoff, f.cancel = phaseWaiting, subjects.NodeID{}, evNone, "", nil, false, false, nil
+	f.early, f.ans, f.ansUsed = nil, nil, false
+	f.wake, f.use = wake, use
+	f.mu.Unlock()
 }
 
 // answer is a response or late verdict that reached a Request. node is the
@@ -173,12 +218,6 @@ func (f *flight) wakeLocked() {
 	}
 }
 
-func (f *flight) record(ev event, how string) {
-	f.mu.Lock()
-	f.recordLocked(ev, how)
-	f.mu.Unlock()
-}
-
 // causeLocked is the verdict of the recorded event in the current phase, or
 // nil if none was recorded. Called with f.mu held.
 func (f *flight) causeLocked() error {
@@ -234,30 +273,51 @@ func (c *Client) FailNode(node subjects.NodeID, how string) {
 	}
 	hit := c.flightsOfLocked(node)
 	c.fl.mu.Unlock()
-	for _, f := range hit {
-		f.mu.Lock()
-		if f.node == node {
+	for _, r := range hit {
+		if !r.lock() {
+			continue
+		}
+		if f := r.f; f.node == node {
 			f.recordLocked(evDeparted, how)
 		}
-		f.mu.Unlock()
+		r.f.mu.Unlock()
 	}
 	c.dropHeld(node) // its key can no longer arrive (answers.go)
 }
 
+// flightRef is a flight seen in the index, in one of its lives: lock
+// applies an event only to that life, never to the delivery that reuses a
+// released flight.
+type flightRef struct {
+	f   *flight
+	use uint64
+}
+
+// lock locks the flight and reports whether it is still in the life r saw;
+// if not, it is unlocked again and the caller must leave it alone.
+func (r flightRef) lock() bool {
+	r.f.mu.Lock()
+	if r.f.use != r.use {
+		r.f.mu.Unlock()
+		return false
+	}
+	return true
+}
+
 // flightsOf returns the flights indexed under node now. Each may move on
-// before the caller locks it: check f.node under f.mu.
-func (c *Client) flightsOf(node subjects.NodeID) []*flight {
+// before the caller locks it (flightRef.lock): check f.node under f.mu.
+func (c *Client) flightsOf(node subjects.NodeID) []flightRef {
 	c.fl.mu.Lock()
 	defer c.fl.mu.Unlock()
 	return c.flightsOfLocked(node)
 }
 
 // flightsOfLocked is flightsOf with c.fl.mu held.
-func (c *Client) flightsOfLocked(node subjects.NodeID) []*flight {
+func (c *Client) flightsOfLocked(node subjects.NodeID) []flightRef {
 	set := c.fl.byNode[node]
-	hit := make([]*flight, 0, len(set))
+	hit := make([]flightRef, 0, len(set))
 	for f := range set {
-		hit = append(hit, f)
+		hit = append(hit, flightRef{f, f.use})
 	}
 	return hit
 }
@@ -265,15 +325,18 @@ func (c *Client) flightsOfLocked(node subjects.NodeID) []*flight {
 // interruptAll records ev on every flight in flight.
 func (c *Client) interruptAll(ev event) {
 	c.fl.mu.Lock()
-	var hit []*flight
+	var hit []flightRef
 	for _, set := range c.fl.byNode {
 		for f := range set {
-			hit = append(hit, f)
+			hit = append(hit, flightRef{f, f.use})
 		}
 	}
 	c.fl.mu.Unlock()
-	for _, f := range hit {
-		f.record(ev, "")
+	for _, r := range hit {
+		if r.lock() {
+			r.f.recordLocked(ev, "")
+			r.f.mu.Unlock()
+		}
 	}
 }
 
@@ -315,13 +378,15 @@ func (c *Client) awaiting() int {
 // Safe for concurrent use.
 func (c *Client) FailInFlight(node subjects.NodeID, err error) {
 	hit := c.flightsOf(node)
-	for _, f := range hit {
-		f.mu.Lock()
-		if f.node == node && f.phase == phaseSent {
+	for _, r := range hit {
+		if !r.lock() {
+			continue
+		}
+		if f := r.f; f.node == node && f.phase == phaseSent {
 			f.evErr = err
 			f.recordLocked(evMoved, "")
 		}
-		f.mu.Unlock()
+		r.f.mu.Unlock()
 	}
 }
 
@@ -337,8 +402,11 @@ func (c *Client) FailInFlight(node subjects.NodeID, err error) {
 // or backing off are left alone. Safe for concurrent use.
 func (c *Client) OwnerMoved(node subjects.NodeID, err error) {
 	hit := c.flightsOf(node)
-	for _, f := range hit {
-		f.mu.Lock()
+	for _, r := range hit {
+		if !r.lock() {
+			continue
+		}
+		f := r.f
 		switch {
 		case f.node != node:
 		case f.phase == phaseSent:

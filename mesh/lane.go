@@ -97,6 +97,19 @@ type laneTicket struct {
 // re-checks), but is drained anyway.
 var ticketPool = sync.Pool{New: func() any { return &laneTicket{wake: make(chan struct{}, 1)} }}
 
+// lanePool recycles lanes: a lane is put back by the finishLane that removes
+// it from the client's map, empty, and only that once. A goroutine may still
+// hold the pointer then (a finishLane that found it empty and waits for
+// c.lanesMu, Close's launchAll): it locks the lane's own mutex, the same
+// across lives, and reads its current state — a lane that is not in the map
+// under its key, or not empty, is left alone; launchAll only starts the
+// DeliverAsync goroutines of a closing client, whatever lane they are in.
+var lanePool = sync.Pool{New: func() any {
+	l := new(lane)
+	l.q = l.qbuf[:0]
+	return l
+}}
+
 // depth is the number of deliveries in the lane (in flight + waiting).
 func (l *lane) depth() int {
 	l.mu.Lock()
@@ -157,8 +170,10 @@ func (c *Client) enqueueLane(key LaneKey, j *asyncCall) *laneTicket {
 	defer c.lanesMu.Unlock()
 	l := c.lanes[key]
 	if l == nil {
-		l = &lane{key: key, epoch: c.newEpoch()}
-		l.q = l.qbuf[:0]
+		l = lanePool.Get().(*lane)
+		l.mu.Lock()
+		l.key, l.epoch, l.seq = key, c.newEpoch(), 0
+		l.mu.Unlock()
 		c.lanes[key] = l
 	}
 	t := ticketPool.Get().(*laneTicket)
@@ -354,9 +369,17 @@ func (c *Client) finishLane(t *laneTicket, accepted bool) {
 	}
 	c.lanesMu.Lock()
 	l.mu.Lock()
-	if l.head == len(l.q) && c.lanes[l.key] == l {
+	removed := l.head == len(l.q) && c.lanes[l.key] == l
+	if removed {
 		delete(c.lanes, l.key)
+		l.key = LaneKey{}
+		if cap(l.q) > 2*len(l.qbuf) {
+			l.q = l.qbuf[:0] // a deep lane's queue is not kept
+		}
 	}
 	l.mu.Unlock()
 	c.lanesMu.Unlock()
+	if removed {
+		lanePool.Put(l)
+	}
 }
