@@ -4,6 +4,11 @@
 # CPU and allocation profiles of the mesh rows, and the two-process run
 # (meshctl bench --baseline against a separate meshd).
 #
+# The p50 ratios of sequential Deliver and Request are read from
+# BenchmarkPaired (mesh and raw interleaved call by call, so both see the
+# same load); Sequential and SequentialRequest give allocations and each
+# side's own run.
+#
 # Usage: scripts/bench.sh [outdir] [benchtime] [before-rev]
 # (run from the repository root; default outdir $TMPDIR/natsmesh-bench,
 # benchtime 2s). With before-rev (e.g. a commit before a change), the
@@ -15,7 +20,7 @@ out=${1:-${TMPDIR:-/tmp}/natsmesh-bench}
 bt=${2:-2s}
 before=${3:-}
 mkdir -p "$out"
-benches='Sequential$|SequentialRequest|Concurrent256|OneLane256|OneLanePipelined'
+benches='Sequential$|SequentialRequest|Paired|Concurrent256|OneLane256|OneLanePipelined'
 
 go test -c -o "$out/mesh.test" ./mesh/
 go test -c -o "$out/stream.test" ./mesh/syncstream/
@@ -23,6 +28,9 @@ if [ -n "$before" ]; then
 	rm -rf "$out/before-src"
 	mkdir -p "$out/before-src"
 	git archive "$before" | tar -x -C "$out/before-src"
+	# A revision from before BenchmarkPaired gets the working tree's
+	# benchmarks file, so that its p50 ratios are measured the same way.
+	grep -q 'func BenchmarkPaired' "$out/before-src/mesh/bench_test.go" || cp mesh/bench_test.go "$out/before-src/mesh/bench_test.go"
 	(cd "$out/before-src" && go test -c -o "$out/mesh-before.test" ./mesh/ && go test -c -o "$out/stream-before.test" ./mesh/syncstream/)
 fi
 
