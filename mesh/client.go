@@ -781,12 +781,8 @@ func replyOf(m *nats.Msg) (*nats.Msg, error) {
 // (departed: resendable; closing), else the caller's cancellation (Failed),
 // else the deadline (verdict.ErrDeadlineUnsent: nothing was sent).
 func (c *Client) waitSlot(ctx context.Context, deadline time.Time, f *flight) error {
-	timer := deadlineTimers.Get().(*time.Timer) // not a context per wait
-	timer.Reset(time.Until(deadline))
-	defer func() {
-		timer.Stop()
-		deadlineTimers.Put(timer)
-	}()
+	timer := deadlineTimer(deadline) // not a context per wait
+	defer releaseTimer(timer)
 	f.mu.Lock()
 	wake := f.wake
 	f.mu.Unlock()

@@ -228,12 +228,8 @@ func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicke
 	l.mu.Unlock()
 	// deadline is ctx's own or earlier: a pooled timer bounds the wait, not
 	// a context per wait.
-	timer := deadlineTimers.Get().(*time.Timer)
-	timer.Reset(time.Until(deadline))
-	defer func() {
-		timer.Stop()
-		deadlineTimers.Put(timer)
-	}()
+	timer := deadlineTimer(deadline)
+	defer releaseTimer(timer)
 	for {
 		var err error
 		select {

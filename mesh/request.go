@@ -120,14 +120,28 @@ func (c *Client) request(ctx context.Context, deadline time.Time, d *Delivery) (
 	return c.awaitResponse(ctx, deadline, d, f, r)
 }
 
-// deadlineTimers recycles the timers that bound a response's wait when the
-// caller's ctx has no deadline (Go 1.23 timer semantics: a stopped timer
-// delivers no stale tick after Reset).
+// deadlineTimers recycles the timers that bound a wait by a deadline
+// (a lane's turn, an in-flight slot, a response) instead of a context per
+// wait. Go 1.23 timer semantics: a stopped timer delivers no stale tick
+// after Reset.
 var deadlineTimers = sync.Pool{New: func() any {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	return t
 }}
+
+// deadlineTimer returns a pooled timer firing at deadline; give it back
+// with releaseTimer.
+func deadlineTimer(deadline time.Time) *time.Timer {
+	t := deadlineTimers.Get().(*time.Timer)
+	t.Reset(time.Until(deadline))
+	return t
+}
+
+func releaseTimer(t *time.Timer) {
+	t.Stop()
+	deadlineTimers.Put(t)
+}
 
 // awaitResponse waits for an accepted Request's response. Its verdict
 // follows from the facts under f.mu when the wait ends: an answer that
@@ -143,12 +157,8 @@ var deadlineTimers = sync.Pool{New: func() any {
 func (c *Client) awaitResponse(ctx context.Context, deadline time.Time, d *Delivery, f *flight, r Receipt) (Response, error) {
 	var expired <-chan time.Time // deadline, when ctx itself has none
 	if _, ok := ctx.Deadline(); !ok {
-		t := deadlineTimers.Get().(*time.Timer)
-		t.Reset(time.Until(deadline))
-		defer func() {
-			t.Stop()
-			deadlineTimers.Put(t)
-		}()
+		t := deadlineTimer(deadline)
+		defer releaseTimer(t)
 		expired = t.C
 	}
 	timedOut := false
