@@ -2,9 +2,13 @@ package mesh
 
 import (
 	"maps"
+	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
 )
 
 // TestLegMsgReuse: a pooled leg message carries exactly the headers set for
@@ -45,4 +49,38 @@ func TestLegMsgReuse(t *testing.T) {
 	use(true, map[int]string{hdrID: "c", hdrType: "t"})
 	use(false, map[int]string{hdrID: "d", hdrLane: "e/2", hdrFrom: "k/f"})
 	use(false, map[int]string{hdrID: "e"})
+}
+
+// TestDeliveryIDsUnique: delivery IDs generated concurrently (pooled NUID
+// generators, one per P in effect) are unique and valid delivery IDs.
+func TestDeliveryIDsUnique(t *testing.T) {
+	const workers, each = 16, 5000
+	var src idSource
+	ids := make([][]string, workers)
+	var wg sync.WaitGroup
+	for w := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				ids[w] = append(ids[w], src.next())
+				if i%1000 == 0 {
+					runtime.GC() // the pool drops its generators: new ones take over
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	seen := make(map[string]bool, workers*each)
+	for _, l := range ids {
+		for _, id := range l {
+			if seen[id] {
+				t.Fatalf("duplicate delivery ID %q", id)
+			}
+			seen[id] = true
+			if err := hub.ValidateID(id); err != nil {
+				t.Fatalf("generated ID %q: %v", id, err)
+			}
+		}
+	}
 }
