@@ -2,8 +2,10 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,8 +13,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
 )
 
 // A snapshot of the flight index taken before a plain delivery's flight
@@ -194,3 +198,92 @@ func lazyTotal(r *recorder) fmt.Stringer {
 type stringer func() string
 
 func (s stringer) String() string { return s() }
+
+// A reply slot is reused only once its leg's one reply came (replies.go):
+// a leg that timed out leaves its subject behind, and a reply arriving there
+// late never becomes the reply of a later leg. A fake node answers each
+// "late-" leg only when the next leg of the same sender arrives (after the
+// late one timed out), just before it answers that one: an "ok-" leg
+// Accepted, a "fail-" leg refused with its own ID in the message, the late
+// one refused with its ID too. Over many rounds, from several senders at
+// once, under -race: every leg gets its own verdict or a timeout, never
+// another leg's.
+func TestLateRepliesNeverReachReusedSlots(t *testing.T) {
+	s := natstest.RunServer(t)
+	node := subjects.NodeID{Name: "late", Generation: 1}
+	nc := natstest.Connect(t, s)
+	var mu sync.Mutex
+	held := map[string][]*nats.Msg{} // by sender (the ID's prefix)
+	refuse := func(m *nats.Msg) {
+		r := nats.NewMsg(m.Reply)
+		r.Header.Set(verdict.HeaderVerdict, "Failed")
+		r.Header.Set(verdict.HeaderReason, "bad-request")
+		r.Header.Set(verdict.HeaderMessage, m.Header.Get(hub.HeaderID))
+		_ = m.RespondMsg(r)
+	}
+	sub, err := nc.Subscribe(subjects.DefaultPrefix.NodeSubscription(node), func(m *nats.Msg) {
+		id := m.Header.Get(hub.HeaderID)
+		sender, kind, _ := strings.Cut(id, "/")
+		mu.Lock()
+		if strings.HasPrefix(kind, "late-") {
+			held[sender] = append(held[sender], m)
+			mu.Unlock()
+			return
+		}
+		late := held[sender]
+		delete(held, sender)
+		mu.Unlock()
+		for _, l := range late {
+			refuse(l) // to a subject whose leg timed out
+		}
+		if strings.HasPrefix(kind, "ok-") {
+			accept(m)
+		} else {
+			refuse(m)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	_ = nc.Flush()
+
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: node}, WithLegTimeout(30*time.Millisecond), WithRetry(RetryPolicy{MaxRetries: -1}))
+	const senders, rounds = 4, 60
+	var timeouts, wrong atomic.Int64
+	var wg sync.WaitGroup
+	for w := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			for i := range rounds {
+				for _, kind := range []string{"late", "ok", "fail"} {
+					id := fmt.Sprintf("s%d/%s-%d", w, kind, i)
+					_, err := c.Deliver(ctx, Delivery{ID: id, To: "x/late", Stream: subjects.Stream(fmt.Sprint(w))})
+					switch {
+					case verdict.Classify(err) == verdict.Failed && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)):
+						timeouts.Add(1)
+						if kind != "late" {
+							continue // the machine was slow: no verdict, none wrong
+						}
+					case kind == "late":
+						wrong.Add(1)
+						t.Errorf("%s: %v, want a timeout", id, err)
+					case kind == "ok" && err != nil:
+						wrong.Add(1)
+						t.Errorf("%s: %v, want Accepted", id, err)
+					case kind == "fail" && (!errors.Is(err, verdict.ErrBadRequest) || !strings.HasSuffix(err.Error(), ": "+id)):
+						wrong.Add(1)
+						t.Errorf("%s: %v, want its own refusal", id, err)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if wrong.Load() != 0 {
+		t.Fatalf("%d legs got another leg's reply", wrong.Load())
+	}
+	t.Logf("%d legs, %d timeouts", senders*rounds*3, timeouts.Load())
+}
