@@ -616,7 +616,7 @@ func (c *Client) answered(f *flight) (subjects.NodeID, bool) {
 func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *flight, node subjects.NodeID, attempt int, t *laneTicket) (published bool, _ error) {
 	lm := getLegMsg()
 	defer putLegMsg(lm)
-	lm.msg.Subject = c.cfg.Prefix.Delivery(node, d.To, d.Stream)
+	lm.msg.Subject = c.deliverySubject(t.l, d, node)
 	lm.msg.Data = d.Payload
 	lm.set(hdrID, d.ID)
 	if attempt > 1 {

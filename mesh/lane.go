@@ -71,6 +71,31 @@ type lane struct {
 	epoch uint64        // the client's epoch counter value naming the lane's current run (newEpoch)
 	seq   uint64        // the last sequence number used in epoch
 	qbuf  [4]*laneTicket
+	// The delivery subject of the lane's last leg and what it was built
+	// from (deliverySubject): a lane's legs go to one owner, so it is
+	// built once per lane and owner, and a pooled lane reused for the same
+	// destination keeps it.
+	subj   string
+	subjTo subjects.Address
+	subjSt subjects.Stream
+	subjN  subjects.NodeID
+}
+
+// deliverySubject returns the delivery subject of d to node (d is in lane
+// l), from l's cache when its last leg went to the same subject.
+func (c *Client) deliverySubject(l *lane, d *Delivery, node subjects.NodeID) string {
+	l.mu.Lock()
+	if l.subj != "" && l.subjN == node && l.subjTo == d.To && l.subjSt == d.Stream {
+		s := l.subj
+		l.mu.Unlock()
+		return s
+	}
+	l.mu.Unlock()
+	s := c.cfg.Prefix.Delivery(node, d.To, d.Stream)
+	l.mu.Lock()
+	l.subj, l.subjTo, l.subjSt, l.subjN = s, d.To, d.Stream, node
+	l.mu.Unlock()
+	return s
 }
 
 type ticketState uint8
