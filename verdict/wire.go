@@ -16,7 +16,9 @@ const (
 	// HeaderMessage is human-readable detail.
 	HeaderMessage = "Mesh-Message"
 	// HeaderNode is the answering node ("name.gen") on Accepted, or the node
-	// a failure names (the owner, for not-owner).
+	// a failure names (the owner, for not-owner). An Accepted reply to a
+	// delivery subject omits it: that subject names the accepting
+	// generation (docs/protocol.md §4.1).
 	HeaderNode = "Mesh-Node"
 )
 
@@ -67,7 +69,8 @@ func wireMessage(err error) string {
 	return e.Message
 }
 
-// Decode reads a verdict from reply headers. It returns the accepting node and
+// Decode reads a verdict from reply headers. It returns the accepting node
+// ("" if the reply names none, as a delivery subject's Accepted reply) and
 // a nil error for Accepted, or an *[Error] that matches the sentinel of its
 // reason. A reply without a recognisable [HeaderVerdict] decodes to a Failed
 // *Error of ReasonUnknown: a peer that does not speak the protocol.
