@@ -15,12 +15,16 @@
 package directory
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +46,15 @@ const ReadTimeout = 2 * time.Second
 // DefaultVerifyInterval is how often an owner re-verifies its claims.
 const DefaultVerifyInterval = 2 * time.Second
 
+// DefaultVerifyBatch is how many claims one verification request reads.
+// MaxVerifyBatch is the most a NATS server answers in one batched read (its
+// multi_last limit: more matches than that are refused "413 Too Many
+// Results").
+const (
+	DefaultVerifyBatch = 256
+	MaxVerifyBatch     = 1024
+)
+
 // ErrInvalidConfig: a required Config field is missing or invalid.
 var ErrInvalidConfig = errors.New("directory: invalid config")
 
@@ -57,6 +70,12 @@ type Config struct {
 	Replicas int
 	// VerifyInterval is how often claims are re-verified (default 2 s).
 	VerifyInterval time.Duration
+	// VerifyBatch is how many claims one verification request reads: one
+	// JetStream batched direct get (nats-server 2.11+; an older server is
+	// read one claim at a time). Default DefaultVerifyBatch, at most
+	// MaxVerifyBatch.
+	VerifyBatch int
+	perKey      bool // tests: verify one claim at a time, as on a server without batched reads
 	// OnLost is called (on the verifier goroutine) for an address whose
 	// claim this node lost: it must deactivate the address.
 	OnLost func(addr subjects.Address)
@@ -89,6 +108,13 @@ type Directory struct {
 
 	invalid atomic.Int64 // claims that did not parse
 	foreign atomic.Int64 // own claims found overwritten by a writer that is no live generation
+
+	// bucketSubj is the bucket's subject prefix ("$KV.<bucket>."), and
+	// directGet its stream's direct get subject: the verifier reads claims
+	// in batches through it.
+	bucketSubj, directGet string
+	heldBack              atomic.Int64 // batched reads the server cut short (max_bytes): asked again
+	maxBytes              int          // tests: max_bytes of a batched read (0: the server's)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -126,6 +152,12 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 	if cfg.VerifyInterval <= 0 {
 		cfg.VerifyInterval = DefaultVerifyInterval
 	}
+	if cfg.VerifyBatch > MaxVerifyBatch {
+		return nil, fmt.Errorf("%w: VerifyBatch %d is over %d", ErrInvalidConfig, cfg.VerifyBatch, MaxVerifyBatch)
+	}
+	if cfg.VerifyBatch <= 0 {
+		cfg.VerifyBatch = DefaultVerifyBatch
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -148,7 +180,8 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 		return nil, fmt.Errorf("directory: bucket: %w", err)
 	}
 	dctx, cancel := context.WithCancel(context.Background())
-	d := &Directory{cfg: cfg, kv: kv, members: cfg.Members, log: cfg.Logger, owned: map[subjects.Address]uint64{}, ctx: dctx, cancel: cancel}
+	d := &Directory{cfg: cfg, kv: kv, members: cfg.Members, log: cfg.Logger, owned: map[subjects.Address]uint64{}, ctx: dctx, cancel: cancel,
+		bucketSubj: "$KV." + BucketName(cfg.Prefix) + ".", directGet: "$JS.API.DIRECT.GET.KV_" + BucketName(cfg.Prefix)}
 	d.wg.Add(1)
 	go d.verifier()
 	return d, nil
@@ -175,14 +208,20 @@ func (d *Directory) read(ctx context.Context, addr subjects.Address) (Claim, uin
 	if err != nil {
 		return Claim{}, 0, err
 	}
+	return d.parse(addr, e.Revision(), e.Value()), e.Revision(), nil
+}
+
+// parse reads a claim's value; one that does not parse is counted, logged
+// and returned as the zero Claim (unowned, replaced under revision).
+func (d *Directory) parse(addr subjects.Address, rev uint64, v []byte) Claim {
 	var c Claim
-	if err := json.Unmarshal(e.Value(), &c); err != nil || c.Owner.Validate() != nil {
+	if err := json.Unmarshal(v, &c); err != nil || c.Owner.Validate() != nil {
 		if n := d.invalid.Add(1); n&(n-1) == 0 {
-			d.log.Warn("directory entry ignored (treated as unowned)", "address", string(addr), "revision", e.Revision(), "err", err, "ignored_total", n)
+			d.log.Warn("directory entry ignored (treated as unowned)", "address", string(addr), "revision", rev, "err", err, "ignored_total", n)
 		}
-		return Claim{}, e.Revision(), nil // unreadable: treat as unowned, replace under revision
+		return Claim{}
 	}
-	return c, e.Revision(), nil
+	return c
 }
 
 // Claim makes this node the owner of addr, or returns the live owner. A
@@ -343,9 +382,9 @@ func mix(x uint64) uint64 {
 	return x
 }
 
-// verifier re-reads every claim this node holds each interval; a claim that
-// is gone is re-created, one owned by another generation makes this node
-// stand down (OnLost).
+// verifier re-reads every claim this node holds each interval, in batches
+// (verify); a claim that is gone is re-created, one owned by another
+// generation makes this node stand down (OnLost).
 func (d *Directory) verifier() {
 	defer d.wg.Done()
 	t := time.NewTicker(d.cfg.VerifyInterval)
@@ -360,67 +399,253 @@ func (d *Directory) verifier() {
 	}
 }
 
+// owned is one claim this node holds: its address and the revision it
+// wrote.
+type ownedClaim struct {
+	addr subjects.Address
+	rev  uint64
+}
+
+// verify re-reads every claim this node holds, VerifyBatch of them per
+// request in the order they were written, and acts on what it finds
+// (check). A batch that cannot be read is looked at again next period.
 func (d *Directory) verify() {
 	d.mu.Lock()
-	owned := make(map[subjects.Address]uint64, len(d.owned))
+	owned := make([]ownedClaim, 0, len(d.owned))
 	for a, r := range d.owned {
-		owned[a] = r
+		owned = append(owned, ownedClaim{a, r})
 	}
 	d.mu.Unlock()
-	self := d.self()
-	for addr, rev := range owned {
-		ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
-		c, cur, err := d.read(ctx, addr)
+	slices.SortFunc(owned, func(a, b ownedClaim) int { return cmp.Compare(a.rev, b.rev) })
+	for len(owned) > 0 && d.ctx.Err() == nil {
+		batch := owned[:min(len(owned), d.cfg.VerifyBatch)]
+		owned = owned[len(batch):]
+		ctx, cancel := context.WithTimeout(d.ctx, ReadTimeout)
+		d.verifyBatch(ctx, batch)
+		cancel()
+	}
+}
+
+// verifyBatch reads batch's claims in one batched direct get (or one at a
+// time where the server has none) and checks each.
+func (d *Directory) verifyBatch(ctx context.Context, batch []ownedClaim) {
+	if !d.cfg.perKey {
+		found, err := d.lastOf(ctx, batch)
 		switch {
-		case err != nil:
-			// Cannot tell: keep serving, look again next period.
-		case cur == rev && c.Owner == self:
-			// Still ours.
-		case cur == 0:
-			// Lost (e.g. the bucket was lost): re-claim.
-			b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
-			if nrev, err := d.kv.Create(ctx, key(addr), b); err == nil {
-				d.mu.Lock()
-				if _, still := d.owned[addr]; still {
-					d.owned[addr] = nrev
+		case err == nil:
+			mine := d.ownPrefix()
+			for i, o := range batch {
+				e := found[i]
+				if e.rev == o.rev && bytes.HasPrefix(e.value, mine) {
+					continue // still ours, as written
 				}
-				d.mu.Unlock()
-			} else if errors.Is(err, jetstream.ErrKeyExists) {
-				d.standDown(addr, "claim re-created by another node")
+				var c Claim
+				if e.rev != 0 {
+					c = d.parse(o.addr, e.rev, e.value)
+				}
+				d.check(ctx, o, c, e.rev)
 			}
-		case c.Owner == self:
-			// Ours at another revision (re-claimed through another
-			// path): adopt it.
+			return
+		case !errors.Is(err, errNoBatchRead):
+			return // cannot tell: keep serving, look again next period
+		}
+	}
+	for _, o := range batch {
+		c, cur, err := d.read(ctx, o.addr)
+		if err != nil {
+			continue // cannot tell: keep serving, look again next period
+		}
+		d.check(ctx, o, c, cur)
+	}
+}
+
+// ownPrefix is how this node's claims begin as written (json.Marshal of a
+// Claim: its owner first): an entry still at the revision this node wrote
+// that begins so is its claim, read without decoding it.
+func (d *Directory) ownPrefix() []byte {
+	b, _ := json.Marshal(Claim{Owner: d.self()})
+	if i := bytes.Index(b, []byte(`,"claimed"`)); i > 0 {
+		return b[:i]
+	}
+	return b // cannot happen: decode every entry
+}
+
+// errNoBatchRead: the server does not answer batched direct gets (older
+// than 2.11, or a bucket without direct gets): read one claim at a time.
+var errNoBatchRead = errors.New("directory: no batched direct get")
+
+// lastEntry is the last entry of one key (rev 0: absent or deleted).
+type lastEntry struct {
+	rev      uint64
+	value    []byte
+	answered bool // the server named the key (a delete marker has rev 0)
+}
+
+// lastOf reads the last entry of each claim's key in batch with JetStream's
+// batched direct get ({"multi_last":[subjects...],"batch":n} on
+// $JS.API.DIRECT.GET.<stream>): one message per key that has an entry (its
+// subject in Nats-Subject, revision in Nats-Sequence), in sequence order,
+// then "204 EOB" with Nats-Num-Pending (what the server held back, e.g. for
+// max_bytes: asked for again); "404 No Results" when no key has one. The
+// result is indexed like batch; a key the answer does not name is absent.
+func (d *Directory) lastOf(ctx context.Context, batch []ownedClaim) ([]lastEntry, error) {
+	out := make([]lastEntry, len(batch))
+	idx := make(map[string]int, len(batch))
+	want := make([]string, 0, len(batch))
+	for i, o := range batch {
+		subj := d.bucketSubj + key(o.addr)
+		idx[subj] = i
+		want = append(want, subj)
+	}
+	nc := d.cfg.Conn
+	for len(want) > 0 {
+		body, err := json.Marshal(struct {
+			MultiLast []string `json:"multi_last"`
+			Batch     int      `json:"batch"`
+			MaxBytes  int      `json:"max_bytes,omitempty"`
+		}{want, len(want), d.maxBytes})
+		if err != nil {
+			return nil, err
+		}
+		inbox := nc.NewRespInbox()
+		sub, err := nc.SubscribeSync(inbox)
+		if err != nil {
+			return nil, err
+		}
+		seen, pending, err := d.readBatch(ctx, sub, inbox, body, idx, out)
+		_ = sub.Unsubscribe()
+		if err != nil {
+			return nil, err
+		}
+		if pending == 0 {
+			return out, nil
+		}
+		if seen == 0 {
+			return nil, fmt.Errorf("directory: batched read returned nothing with %d pending", pending)
+		}
+		// Held back: ask again for the keys the answer did not name.
+		d.heldBack.Add(1)
+		rest := want[:0]
+		for _, subj := range want {
+			if !out[idx[subj]].answered {
+				rest = append(rest, subj)
+			}
+		}
+		want = rest
+	}
+	return out, nil
+}
+
+// readBatch sends one batched direct get and reads its answer into out. It
+// returns how many entries it read and the server's Nats-Num-Pending.
+func (d *Directory) readBatch(ctx context.Context, sub *nats.Subscription, inbox string, body []byte, idx map[string]int, out []lastEntry) (seen int, pending uint64, err error) {
+	if err := d.cfg.Conn.PublishRequest(d.directGet, inbox, body); err != nil {
+		return 0, 0, err
+	}
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return seen, 0, err
+		}
+		switch st := m.Header.Get("Status"); st {
+		case "":
+		case "204": // end of batch
+			np, err := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
+			if err != nil {
+				return seen, 0, fmt.Errorf("directory: batched read: end of batch with Nats-Num-Pending %q", m.Header.Get(numPendingHeader))
+			}
+			return seen, np, nil
+		case "404":
+			if seen == 0 && m.Header.Get("Description") == "No Results" {
+				return 0, 0, nil // no key has an entry
+			}
+			return seen, 0, fmt.Errorf("directory: batched read: %s %s", st, m.Header.Get("Description"))
+		case "408", "503":
+			// Bad request (a server without multi_last) or no responders
+			// (no direct gets on this stream).
+			return seen, 0, fmt.Errorf("%w: %s %s", errNoBatchRead, st, m.Header.Get("Description"))
+		default:
+			return seen, 0, fmt.Errorf("directory: batched read: %s %s", st, m.Header.Get("Description"))
+		}
+		i, ok := idx[m.Header.Get(jetstream.SubjectHeader)]
+		if !ok {
+			return seen, 0, fmt.Errorf("directory: batched read: answer for %q, not asked for", m.Header.Get(jetstream.SubjectHeader))
+		}
+		seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+		if err != nil || seq == 0 {
+			return seen, 0, fmt.Errorf("directory: batched read: Nats-Sequence %q", m.Header.Get(jetstream.SequenceHeader))
+		}
+		seen++
+		switch m.Header.Get(kvOperationHeader) {
+		case "DEL", "PURGE":
+			out[i] = lastEntry{answered: true} // deleted: absent
+		default:
+			out[i] = lastEntry{rev: seq, value: m.Data, answered: true}
+		}
+	}
+}
+
+// Headers of a batched direct get that nats.go names only unexported:
+// kvOperationHeader marks a KV delete or purge entry, numPendingHeader
+// counts what the server still holds back.
+const (
+	kvOperationHeader = "KV-Operation"
+	numPendingHeader  = "Nats-Num-Pending"
+)
+
+// check acts on what the verifier read of one of its claims: cur is the
+// key's revision now (0: absent) and c its claim. A claim that is gone is
+// re-created, one owned by another generation makes this node stand down
+// (OnLost), one overwritten by something that is no claim is re-written.
+func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64) {
+	addr, rev := o.addr, o.rev
+	self := d.self()
+	switch {
+	case cur == rev && c.Owner == self:
+		// Still ours.
+	case cur == 0:
+		// Lost (e.g. the bucket was lost): re-claim.
+		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
+		if nrev, err := d.kv.Create(ctx, key(addr), b); err == nil {
 			d.mu.Lock()
 			if _, still := d.owned[addr]; still {
-				d.owned[addr] = cur
+				d.owned[addr] = nrev
 			}
 			d.mu.Unlock()
-		case c.Owner.IsZero():
-			// Overwritten by something that is no claim at all (it does
-			// not parse): report it and re-write ours.
-			n := d.foreign.Add(1)
-			d.log.Warn("own claim overwritten by an unreadable entry; re-writing it (SECURITY.md: give other clients no write access to the directory)",
-				"address", string(addr), "revision", cur, "overwritten_total", n)
-			b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
-			if nrev, err := d.kv.Update(ctx, key(addr), b, cur); err == nil {
-				d.mu.Lock()
-				if _, still := d.owned[addr]; still {
-					d.owned[addr] = nrev
-				}
-				d.mu.Unlock()
-			}
-		case !d.members.Alive(c.Owner):
-			// A claim of a generation this node does not see alive: an
-			// unknown writer, or a node it has not seen join yet. Standing
-			// down is the safe side (two activations never serve).
-			n := d.foreign.Add(1)
-			d.log.Warn("own claim overwritten naming a generation that is not live; standing down", "address", string(addr), "claimed_by", c.Owner.String(), "overwritten_total", n)
-			d.standDown(addr, "claim overwritten by "+c.Owner.String())
-		default:
-			d.standDown(addr, "claim overwritten by "+c.Owner.String())
+		} else if errors.Is(err, jetstream.ErrKeyExists) {
+			d.standDown(addr, "claim re-created by another node")
 		}
-		cancel()
+	case c.Owner == self:
+		// Ours at another revision (re-claimed through another
+		// path): adopt it.
+		d.mu.Lock()
+		if _, still := d.owned[addr]; still {
+			d.owned[addr] = cur
+		}
+		d.mu.Unlock()
+	case c.Owner.IsZero():
+		// Overwritten by something that is no claim at all (it does
+		// not parse): report it and re-write ours.
+		n := d.foreign.Add(1)
+		d.log.Warn("own claim overwritten by an unreadable entry; re-writing it (SECURITY.md: give other clients no write access to the directory)",
+			"address", string(addr), "revision", cur, "overwritten_total", n)
+		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
+		if nrev, err := d.kv.Update(ctx, key(addr), b, cur); err == nil {
+			d.mu.Lock()
+			if _, still := d.owned[addr]; still {
+				d.owned[addr] = nrev
+			}
+			d.mu.Unlock()
+		}
+	case !d.members.Alive(c.Owner):
+		// A claim of a generation this node does not see alive: an
+		// unknown writer, or a node it has not seen join yet. Standing
+		// down is the safe side (two activations never serve).
+		n := d.foreign.Add(1)
+		d.log.Warn("own claim overwritten naming a generation that is not live; standing down", "address", string(addr), "claimed_by", c.Owner.String(), "overwritten_total", n)
+		d.standDown(addr, "claim overwritten by "+c.Owner.String())
+	default:
+		d.standDown(addr, "claim overwritten by "+c.Owner.String())
 	}
 }
 

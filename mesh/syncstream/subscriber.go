@@ -189,12 +189,12 @@ func subscriberFactory(_ context.Context, addr subjects.Address) (hub.Hub, error
 func (s *Subscription) Handle(_ context.Context, d *hub.Delivery) error {
 	switch d.Type {
 	case TypeFrames:
-		if _, err := checkFrames(d.Payload); err != nil {
+		fs, err := DecodeFrames(d.Payload)
+		if err != nil {
 			return verdict.New(verdict.ReasonBadRequest, "%v", err)
 		}
-		var f Frame // all of it decodes: apply it
-		for r := newFrameReader(d.Payload); r.next(&f); {
-			s.apply(&f)
+		for i := range fs {
+			s.apply(&fs[i])
 		}
 	case TypeFrame:
 		var f Frame

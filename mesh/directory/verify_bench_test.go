@@ -1,0 +1,68 @@
+package directory
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// BenchmarkVerify: one verification pass over 10 000 claims, batched (one
+// batched direct get per DefaultVerifyBatch claims) and per key (one KV get
+// each, as on a server without batched reads); ns/claim is the pass's wall
+// time per claim, cpu-ns/claim the process's CPU time (client and embedded
+// server) per claim.
+func BenchmarkVerify(b *testing.B) {
+	for _, perKey := range []bool{false, true} {
+		b.Run(map[bool]string{false: "batched", true: "per-key"}[perKey], func(b *testing.B) {
+			s := natstest.RunServer(b)
+			nc := natstest.Connect(b, s)
+			ctx := context.Background()
+			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+			mb, err := membership.Join(ctx, membership.Config{Conn: nc, Name: "a", Kinds: []string{"echo"}, Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer mb.Close()
+			d, err := Open(ctx, Config{Conn: nc, Members: mb, VerifyInterval: time.Hour, perKey: perKey, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close()
+			const claims = 10000
+			var wg sync.WaitGroup
+			for w := range 32 {
+				wg.Go(func() {
+					for i := w; i < claims; i += 32 {
+						if _, err := d.Claim(ctx, subjects.Address(fmt.Sprintf("echo/b%d", i))); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.ResetTimer()
+			cpu := processCPU()
+			for range b.N {
+				d.verify()
+			}
+			b.StopTimer()
+			cpu = processCPU() - cpu
+			if d.Owned() != claims {
+				b.Fatalf("%d claims held after the passes, want %d", d.Owned(), claims)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*claims), "ns/claim")
+			if cpu > 0 {
+				b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N*claims), "cpu-ns/claim")
+			}
+		})
+	}
+}
