@@ -259,6 +259,7 @@ func TestMalformedFramesRefused(t *testing.T) {
 	defer ss.Stop()
 	_ = owned("pub/m")
 	natstest.Eventually(t, 5*time.Second, func() bool { return len(wire()) == 1 }, "snapshot captured")
+	natstest.Eventually(t, 5*time.Second, func() bool { a, _, _ := ss.Stats(); return a == 1 }, "snapshot applied")
 	subject := wire()[0].Subject
 	epoch, version := ss.Position()
 	next := syncstream.Frame{Epoch: epoch, Version: version + 1, Data: []byte("next")}

@@ -69,33 +69,58 @@ func recordSize(f *Frame) int {
 // unknown format byte, no record, a truncated or overlong field, unknown
 // flag bits, snapshot and closed together, an attempt over MaxAttemptLen.
 func DecodeFrames(p []byte) ([]Frame, error) {
-	if len(p) == 0 {
-		return nil, fmt.Errorf("%w: empty", ErrMalformedFrames)
+	n, err := checkFrames(p)
+	if err != nil {
+		return nil, err
 	}
-	if p[0] != FramesFormat {
-		return nil, fmt.Errorf("%w: format %d, want %d", ErrMalformedFrames, p[0], FramesFormat)
-	}
-	p = p[1:]
-	if len(p) == 0 {
-		return nil, fmt.Errorf("%w: no frame", ErrMalformedFrames)
-	}
-	n := 1
-	if len(p) > 256 { // a guess at the count, so a batch is one allocation
-		n = len(p) / 128
-	}
-	fs := make([]Frame, 0, n)
-	for len(p) > 0 {
-		var f Frame
-		var err error
-		if f, p, err = decodeRecord(p); err != nil {
-			return nil, fmt.Errorf("%w: frame %d: %v", ErrMalformedFrames, len(fs), err)
-		}
-		fs = append(fs, f)
+	fs := make([]Frame, n)
+	r := newFrameReader(p)
+	for i := range fs {
+		r.next(&fs[i])
 	}
 	return fs, nil
 }
 
-func decodeRecord(p []byte) (Frame, []byte, error) {
+// checkFrames validates a frames encoding and returns its frame count.
+func checkFrames(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, fmt.Errorf("%w: empty", ErrMalformedFrames)
+	}
+	if p[0] != FramesFormat {
+		return 0, fmt.Errorf("%w: format %d, want %d", ErrMalformedFrames, p[0], FramesFormat)
+	}
+	p = p[1:]
+	if len(p) == 0 {
+		return 0, fmt.Errorf("%w: no frame", ErrMalformedFrames)
+	}
+	n := 0
+	for len(p) > 0 {
+		var err error
+		if _, p, err = decodeRecord(p, false); err != nil {
+			return 0, fmt.Errorf("%w: frame %d: %v", ErrMalformedFrames, n, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// frameReader reads the frames of an encoding checkFrames accepted.
+type frameReader struct{ p []byte }
+
+func newFrameReader(p []byte) frameReader { return frameReader{p: p[1:]} }
+
+// next decodes the next frame into f; false: there is none.
+func (r *frameReader) next(f *Frame) bool {
+	if len(r.p) == 0 {
+		return false
+	}
+	*f, r.p, _ = decodeRecord(r.p, true)
+	return true
+}
+
+// decodeRecord decodes the record at the start of p and returns the rest;
+// keep false only checks it (without allocating its attempt).
+func decodeRecord(p []byte, keep bool) (Frame, []byte, error) {
 	var f Frame
 	flags := p[0]
 	p = p[1:]
@@ -120,7 +145,7 @@ func decodeRecord(p []byte) (Frame, []byte, error) {
 	if data, p, ok = field(p); !ok {
 		return f, nil, fmt.Errorf("bad data")
 	}
-	if len(attempt) > 0 {
+	if len(attempt) > 0 && keep {
 		f.Attempt = string(attempt)
 	}
 	if len(data) > 0 {

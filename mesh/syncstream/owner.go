@@ -36,10 +36,48 @@ type Owner struct {
 	log      *slog.Logger
 
 	mu      sync.Mutex
-	version map[subjects.Stream]uint64
-	subs    map[subjects.Stream]map[subjects.Address]*outbox
+	streams map[subjects.Stream]*streamState
 	frames  int64
 	limit   int // the frames payload bound, once known
+}
+
+// streamState is one stream's version and subscribers (guarded by the
+// owner's mutex).
+type streamState struct {
+	version uint64
+	subs    []*outbox // one per subscriber address; few, and Publish walks them
+}
+
+// streamLocked returns stream's state, creating it.
+func (o *Owner) streamLocked(stream subjects.Stream) *streamState {
+	st := o.streams[stream]
+	if st == nil {
+		st = &streamState{}
+		o.streams[stream] = st
+	}
+	return st
+}
+
+// find returns the outbox of sub, or -1.
+func (st *streamState) find(sub subjects.Address) int {
+	for i, ob := range st.subs {
+		if ob.sub == sub {
+			return i
+		}
+	}
+	return -1
+}
+
+// remove forgets ob, if it is there.
+func (st *streamState) remove(ob *outbox) {
+	for i, x := range st.subs {
+		if x == ob {
+			st.subs[i] = st.subs[len(st.subs)-1]
+			st.subs[len(st.subs)-1] = nil
+			st.subs = st.subs[:len(st.subs)-1]
+			return
+		}
+	}
 }
 
 // framesLimitLocked returns the bound of a frames payload: MaxFramesBytes,
@@ -75,6 +113,7 @@ type outbox struct {
 	stream  subjects.Stream
 	legacy  bool     // the subscriber reads only JSON frames: one per delivery; else the frames encoding
 	pending [][]byte // the payloads of the deliveries to send, in order
+	last    int      // the length of the last frames payload taken (sizes the next buffer)
 	flight  int      // deliveries in flight
 	issuing bool
 	dead    bool // dropped or unsubscribed: nothing more is sent
@@ -92,7 +131,7 @@ func NewOwner(sender *mesh.Client, self subjects.Address, snapshot func(subjects
 	}
 	return &Owner{
 		sender: sender, self: self, epoch: uint64(time.Now().UnixNano()), snapshot: snapshot, log: log,
-		version: map[subjects.Stream]uint64{}, subs: map[subjects.Stream]map[subjects.Address]*outbox{},
+		streams: map[subjects.Stream]*streamState{},
 	}
 }
 
@@ -114,7 +153,7 @@ func (o *Owner) Resume(epoch uint64, versions map[subjects.Stream]uint64) {
 	defer o.mu.Unlock()
 	o.epoch = epoch
 	for s, v := range versions {
-		o.version[subjects.StreamIdentity(s)] = v
+		o.streamLocked(subjects.StreamIdentity(s)).version = v
 	}
 }
 
@@ -123,7 +162,10 @@ func (o *Owner) Resume(epoch uint64, versions map[subjects.Stream]uint64) {
 func (o *Owner) Version(stream subjects.Stream) uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.version[subjects.StreamIdentity(stream)]
+	if st := o.streams[subjects.StreamIdentity(stream)]; st != nil {
+		return st.version
+	}
+	return 0
 }
 
 // Pinned reports whether the activation has subscribers; a hub embedding an
@@ -132,8 +174,8 @@ func (o *Owner) Version(stream subjects.Stream) uint64 {
 func (o *Owner) Pinned() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for _, s := range o.subs {
-		if len(s) > 0 {
+	for _, st := range o.streams {
+		if len(st.subs) > 0 {
 			return true
 		}
 	}
@@ -144,7 +186,10 @@ func (o *Owner) Pinned() bool {
 func (o *Owner) Subscribers(stream subjects.Stream) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return len(o.subs[subjects.StreamIdentity(stream)])
+	if st := o.streams[subjects.StreamIdentity(stream)]; st != nil {
+		return len(st.subs)
+	}
+	return 0
 }
 
 // Handle handles d if it is a subscribe or unsubscribe delivery and reports
@@ -163,29 +208,33 @@ func (o *Owner) Handle(d *hub.Delivery) (bool, error) {
 	}
 	stream := subjects.StreamIdentity(req.Stream)
 	o.mu.Lock()
+	st := o.streamLocked(stream)
+	i := st.find(req.Subscriber)
 	if d.Type == TypeUnsubscribe {
-		if ob := o.subs[stream][req.Subscriber]; ob != nil {
+		if i >= 0 {
+			ob := st.subs[i]
 			ob.dead, ob.pending = true, nil
-			delete(o.subs[stream], req.Subscriber)
+			st.remove(ob)
 		}
 		o.mu.Unlock()
 		return true, d.Respond(nil)
 	}
-	if o.subs[stream] == nil {
-		o.subs[stream] = map[subjects.Address]*outbox{}
-	}
 	legacy := req.Format < FramesFormat
-	ob := o.subs[stream][req.Subscriber]
+	var ob *outbox
+	if i >= 0 {
+		ob = st.subs[i]
+	}
 	if ob == nil || ob.legacy != legacy {
 		if ob != nil {
 			ob.dead, ob.pending = true, nil
+			st.remove(ob)
 		}
 		// A subscriber already there keeps its outbox: the snapshot
 		// follows the frames queued before it.
 		ob = &outbox{sub: req.Subscriber, stream: stream, legacy: legacy}
-		o.subs[stream][req.Subscriber] = ob
+		st.subs = append(st.subs, ob)
 	}
-	v, epoch := o.version[stream], o.epoch
+	v, epoch := st.version, o.epoch
 	o.mu.Unlock()
 	snap := Frame{Epoch: epoch, Version: v, Snapshot: true, Attempt: req.Attempt, Data: o.snapshot(stream)}
 	o.mu.Lock()
@@ -200,16 +249,16 @@ func (o *Owner) Handle(d *hub.Delivery) (bool, error) {
 func (o *Owner) Publish(stream subjects.Stream, data []byte) {
 	stream = subjects.StreamIdentity(stream)
 	o.mu.Lock()
-	o.version[stream]++
-	f := Frame{Epoch: o.epoch, Version: o.version[stream], Data: data}
-	subs := o.subs[stream]
+	st := o.streamLocked(stream)
+	st.version++
+	f := Frame{Epoch: o.epoch, Version: st.version, Data: data}
+	subs := st.subs
 	if len(subs) == 1 { // the common case, without a slice
-		for _, ob := range subs {
-			p := o.queueLocked(ob, &f)
-			o.mu.Unlock()
-			o.flush(ob, p)
-			return
-		}
+		ob := subs[0]
+		p := o.queueLocked(ob, &f)
+		o.mu.Unlock()
+		o.flush(ob, p)
+		return
 	}
 	var start []*outbox
 	var payloads [][]byte
@@ -228,12 +277,12 @@ func (o *Owner) Publish(stream subjects.Stream, data []byte) {
 // subscribe again, to the next activation) and forgets them.
 func (o *Owner) Close() {
 	o.mu.Lock()
-	all := o.subs
-	o.subs = map[subjects.Stream]map[subjects.Address]*outbox{}
 	f := Frame{Epoch: o.epoch, Closed: true}
 	var start []*outbox
 	var payloads [][]byte
-	for _, subs := range all {
+	for _, st := range o.streams {
+		subs := st.subs
+		st.subs = nil
 		for _, ob := range subs {
 			ob.closed = true
 			if p := o.queueLocked(ob, &f); p != nil {
@@ -264,12 +313,15 @@ func (o *Owner) queueLocked(ob *outbox, f *Frame) []byte {
 	}
 	o.frames++
 	if ob.legacy {
-		ob.pending = append(ob.pending, encode(f))
+		ob.pending = append(ob.pending, encode(*f)) // a copy: f stays on the caller's stack
 	} else {
 		limit := o.framesLimitLocked()
 		n := len(ob.pending)
 		if n == 0 || len(ob.pending[n-1])+recordSize(f) > limit {
-			ob.pending = append(ob.pending, AppendFrames(make([]byte, 0, min(limit, max(512, recordSize(f)+1))), *f))
+			// Sized for what the last one carried, so a burst does not
+			// regrow each buffer from small.
+			size := min(limit, max(512, 2*ob.last, 1+recordSize(f)))
+			ob.pending = append(ob.pending, AppendFrames(make([]byte, 0, size), *f))
 		} else {
 			ob.pending[n-1] = appendRecord(ob.pending[n-1], f)
 		}
@@ -294,6 +346,7 @@ func (ob *outbox) takeLocked() []byte {
 	ob.pending[0] = nil
 	ob.pending = ob.pending[1:]
 	ob.flight++
+	ob.last = len(p)
 	return p
 }
 
@@ -327,8 +380,8 @@ func (o *Owner) deliver(ob *outbox, p []byte) {
 		ob.flight--
 		if r.Err != nil && !ob.closed && !ob.dead {
 			ob.dead, ob.pending = true, nil
-			if o.subs[ob.stream][ob.sub] == ob {
-				delete(o.subs[ob.stream], ob.sub)
+			if st := o.streams[ob.stream]; st != nil {
+				st.remove(ob)
 			}
 			o.mu.Unlock()
 			o.log.Info("sync-stream subscriber dropped", "owner", string(o.self), "subscriber", string(ob.sub), "stream", string(ob.stream), "err", fmt.Sprint(r.Err))

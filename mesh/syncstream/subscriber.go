@@ -189,12 +189,12 @@ func subscriberFactory(_ context.Context, addr subjects.Address) (hub.Hub, error
 func (s *Subscription) Handle(_ context.Context, d *hub.Delivery) error {
 	switch d.Type {
 	case TypeFrames:
-		fs, err := DecodeFrames(d.Payload)
-		if err != nil {
+		if _, err := checkFrames(d.Payload); err != nil {
 			return verdict.New(verdict.ReasonBadRequest, "%v", err)
 		}
-		for i := range fs {
-			s.apply(&fs[i])
+		var f Frame // all of it decodes: apply it
+		for r := newFrameReader(d.Payload); r.next(&f); {
+			s.apply(&f)
 		}
 	case TypeFrame:
 		var f Frame

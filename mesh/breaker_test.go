@@ -1,0 +1,620 @@
+package mesh
+
+// Adversarial tests of windowed lanes (DESIGN §4, docs/protocol.md §3.4):
+// shapes the other window tests do not take — windows of 1, 2, 3, 32 and
+// 64 with lanes deeper than the window, Deliver, DeliverAsync,
+// DeliverAsyncFunc and Request mixed on one lane, faults made by the real
+// intake (hub.Config.Fence refusing or stalling the k-th leg it reads, a
+// tiny inbox, a low storm breaker), more lanes than an activation keeps
+// state for, cancellations and deadlines at every position, Close in the
+// middle of a window, duplicate IDs, empty and oversized payloads — each
+// checked for the window's properties: one verdict per call, a delivery
+// reported Accepted handled exactly once, a lane's deliveries handled in
+// call order, nothing refused or unsent handled, a timeout never re-sent,
+// no lane or goroutine left behind.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// bkQuiet discards the logs of the breaker tests (saturation episodes,
+// breaker trips: expected here).
+var bkQuiet = slog.New(slog.DiscardHandler)
+
+// bkKind is how a call of the breaker tests is made.
+type bkKind uint8
+
+const (
+	bkAsync     bkKind = iota // DeliverAsync
+	bkAsyncFunc               // DeliverAsyncFunc
+	bkDeliver                 // Deliver, blocking the lane's caller
+	bkRequest                 // Request, blocking the lane's caller
+)
+
+var bkKindNames = [...]string{"async", "async-func", "deliver", "request"}
+
+// bkCall is one call of a breaker test and what became of it.
+type bkCall struct {
+	id   string
+	lane int // index of its lane (address, stream) in the test
+	idx  int // its place in its lane's call order
+	kind bkKind
+	note string // what the test did to it ("cancel", "deadline", ...)
+
+	verdicts atomic.Int32 // verdicts received: must end at 1
+	done     chan struct{}
+	err      error
+}
+
+func (c *bkCall) settle(err error) {
+	if c.verdicts.Add(1) != 1 {
+		return // counted: the checker reports it
+	}
+	c.err = err
+	close(c.done)
+}
+
+// bkPayload is a call's payload: its lane and place, then filler.
+func bkPayload(lane, idx, size int) []byte {
+	p := make([]byte, max(8, size))
+	binary.BigEndian.PutUint32(p, uint32(lane))
+	binary.BigEndian.PutUint32(p[4:], uint32(idx))
+	return p
+}
+
+// bkHash is a deterministic pseudo-random number for a test's choices.
+func bkHash(parts ...any) uint32 {
+	h := fnv.New32a()
+	fmt.Fprint(h, parts...)
+	return h.Sum32()
+}
+
+// bkSend makes call k on c and settles it when its verdict comes. The
+// blocking kinds (Deliver, Request) return only then; the others at once.
+func bkSend(ctx context.Context, c *Client, k *bkCall, d Delivery) {
+	switch k.kind {
+	case bkAsync:
+		ch := c.DeliverAsync(ctx, d)
+		go func() {
+			r := <-ch
+			k.settle(r.Err)
+			select {
+			case extra := <-ch:
+				k.verdicts.Add(1)
+				_ = extra
+			default:
+			}
+		}()
+	case bkAsyncFunc:
+		c.DeliverAsyncFunc(ctx, d, func(r Result) { k.settle(r.Err) })
+	case bkDeliver:
+		_, err := c.Deliver(ctx, d)
+		k.settle(err)
+	case bkRequest:
+		_, err := c.Request(ctx, d)
+		k.settle(err)
+	}
+}
+
+func bkTimeout(err error) bool {
+	return err != nil && !errors.Is(err, context.Canceled) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
+}
+
+// bkRules says which outcomes a breaker test allows.
+type bkRules struct {
+	// mayHold: a failure after which the delivery may have been handled
+	// (once): a leg in flight when the client closed, its link dropped, or
+	// its caller cancelled. Timeouts always may.
+	mayHold func(k *bkCall) bool
+	// lates are the late verdicts received, by ID (accepted, then failed).
+	lates *lateSet
+}
+
+// bkCheck waits for every call's verdict and checks the window's
+// properties against what the recorder handled; lanes[i] is lane i's
+// address. It returns a tally of outcomes.
+func bkCheck(t *testing.T, rec *recorder, lanes []subjects.Address, calls [][]*bkCall, rules bkRules) map[string]int {
+	t.Helper()
+	byID := map[string]*bkCall{}
+	tally := map[string]int{}
+	for _, lane := range calls {
+		for _, k := range lane {
+			select {
+			case <-k.done:
+			case <-time.After(60 * time.Second):
+				t.Fatalf("%s (%s, lane %d #%d): no verdict", k.id, bkKindNames[k.kind], k.lane, k.idx)
+			}
+			byID[k.id] = k
+		}
+	}
+	accepted := func(k *bkCall) bool {
+		if k.err != nil {
+			return false
+		}
+		if rules.lates != nil && rules.lates.get(k.id) != nil {
+			return false
+		}
+		return true
+	}
+	// Everything accepted is handled (its turn may still be running).
+	natstest.Eventually(t, 20*time.Second, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for id, k := range byID {
+			if accepted(k) && rec.count[id] == 0 {
+				return false
+			}
+		}
+		return true
+	}, "every accepted delivery handled")
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, k := range byID {
+		if n := k.verdicts.Load(); n != 1 {
+			t.Errorf("%s (%s, lane %d #%d): %d verdicts", k.id, bkKindNames[k.kind], k.lane, k.idx, n)
+		}
+		n := rec.count[k.id]
+		name := verdictName(k.err)
+		if k.err != nil && rules.lates != nil && rules.lates.get(k.id) != nil {
+			name = "late:" + verdictName(rules.lates.get(k.id))
+		}
+		tally[k.note+":"+bkKindNames[k.kind]+":"+name]++
+		switch {
+		case n > 1:
+			t.Errorf("%s (%s %s, lane %d #%d): handled %d times (%v)", k.id, bkKindNames[k.kind], k.note, k.lane, k.idx, n, k.err)
+		case accepted(k) && n != 1:
+			t.Errorf("%s (%s %s): accepted, handled %d times", k.id, bkKindNames[k.kind], k.note, n)
+		case !accepted(k) && n == 1 && !bkTimeout(k.err) && (rules.mayHold == nil || !rules.mayHold(k)):
+			t.Errorf("%s (%s %s, lane %d #%d): failed (%v), yet handled", k.id, bkKindNames[k.kind], k.note, k.lane, k.idx, k.err)
+		}
+		if n == 1 && k.err != nil && verdict.IsResendable(k.err) && (rules.mayHold == nil || !rules.mayHold(k)) {
+			t.Errorf("%s (%s %s): resendable verdict %v, yet handled", k.id, bkKindNames[k.kind], k.note, k.err)
+		}
+	}
+	// Call order, lane by lane, among those handled.
+	next := make([]int, len(calls))
+	inversions := 0
+	seenAddr := map[subjects.Address]bool{}
+	for _, addr := range lanes {
+		if seenAddr[addr] {
+			continue
+		}
+		seenAddr[addr] = true
+		for _, d := range rec.handled[addr] {
+			if len(d.Payload) < 8 {
+				continue
+			}
+			l, i := int(binary.BigEndian.Uint32(d.Payload)), int(binary.BigEndian.Uint32(d.Payload[4:]))
+			if l >= len(calls) || lanes[l] != addr {
+				continue
+			}
+			if i < next[l] {
+				inversions++
+				if inversions <= 10 {
+					t.Errorf("lane %d: #%d handled after #%d (inversion or duplicate)", l, i, next[l]-1)
+				}
+			}
+			next[l] = i + 1
+		}
+	}
+	if inversions > 10 {
+		t.Errorf("%d inversions in all", inversions)
+	}
+	return tally
+}
+
+// bkSettled waits until c holds no lane and no leg, and the host has
+// nothing queued.
+func bkSettled(t *testing.T, c *Client, h *hub.Host) {
+	t.Helper()
+	natstest.Eventually(t, 20*time.Second, func() bool {
+		s := c.Saturation()
+		return s.Lanes == 0 && s.LegsInFlight == 0 && h.Stats().Queued == 0
+	}, "client and host settled: %+v, %+v", lazy(func() any { return c.Saturation() }), lazy(func() any { return h.Stats() }))
+}
+
+type lazy func() any
+
+func (l lazy) String() string { return fmt.Sprintf("%+v", l()) }
+
+// bkGoroutines waits until the goroutine count is back to at most base +
+// slack (nothing leaked), and dumps the stacks if it is not.
+func bkGoroutines(t *testing.T, base, slack int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for runtime.NumGoroutine() > base+slack {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			t.Fatalf("%d goroutines, %d before: leak?\n%s", runtime.NumGoroutine(), base, buf[:n])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// intakeFaults is a hub.Config.Fence (with a TurnFence that lets every
+// turn run, so that it is asked on the intake only) that makes the real intake refuse or
+// stall legs by their arrival order: the n-th leg read is refused
+// resendable (shutting-down), refused for good (inbox-full) or held longer
+// than the client's leg timeout, as plan(n) says. The refusals are the
+// intake's own, before its lane check (which they therefore do not
+// advance), and a stall delays every leg behind it on the intake, as a
+// slow node would.
+type intakeFaults struct {
+	n     atomic.Int64
+	stall time.Duration
+	plan  func(n int64) fault
+
+	refused, final, stalled atomic.Int64
+}
+
+func (f *intakeFaults) fence() error {
+	n := f.n.Add(1)
+	if f.plan == nil {
+		return nil
+	}
+	switch f.plan(n) {
+	case faultRefuse:
+		f.refused.Add(1)
+		return verdict.New(verdict.ReasonHubShuttingDown, "intake fault: refused once")
+	case faultRefuseFinal:
+		f.final.Add(1)
+		return verdict.New(verdict.ReasonInboxFull, "intake fault: refused for good")
+	case faultDrop:
+		f.stalled.Add(1)
+		time.Sleep(f.stall) // the fault itself: a stalled intake
+	}
+	return nil
+}
+
+// bkNode starts a node "b" on s with the recorder kind and host config hc.
+func bkNode(t *testing.T, nc *nats.Conn, hc hub.Config) (*Node, *recorder) {
+	t.Helper()
+	n, err := NewNode(NodeConfig{Conn: nc, Name: "b", Host: hc, DisableControl: true, DisableIngress: true, Logger: bkQuiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	if err := n.Register("rec", rec.factory); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return n, rec
+}
+
+// bkLanes drives calls on lanes: one goroutine per lane makes its calls in
+// order, kinds and notes chosen by pick; ctxFor gives each call's context.
+func bkLanes(c *Client, lanes []subjects.Address, streams []subjects.Stream, depth int, payload func(lane, idx int) []byte,
+	pick func(lane, idx int) bkKind, ctxFor func(k *bkCall) context.Context, prefix string) [][]*bkCall {
+	calls := make([][]*bkCall, len(lanes))
+	for l := range lanes {
+		for i := range depth {
+			calls[l] = append(calls[l], &bkCall{id: fmt.Sprintf("%s-%d-%d", prefix, l, i), lane: l, idx: i, kind: pick(l, i), done: make(chan struct{})})
+		}
+	}
+	var wg sync.WaitGroup
+	for l := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, k := range calls[l] {
+				ctx := context.Background()
+				if ctxFor != nil {
+					ctx = ctxFor(k)
+				}
+				bkSend(ctx, c, k, Delivery{ID: k.id, To: lanes[l], Stream: streams[l], Payload: payload(l, k.idx)})
+			}
+		}()
+	}
+	wg.Wait()
+	return calls
+}
+
+// mixedKinds: mostly DeliverAsync and DeliverAsyncFunc, with blocking
+// Deliver and Request calls among them.
+func mixedKinds(seed string) func(lane, idx int) bkKind {
+	return func(lane, idx int) bkKind {
+		switch h := bkHash(seed, lane, idx) % 100; {
+		case h < 55:
+			return bkAsync
+		case h < 80:
+			return bkAsyncFunc
+		case h < 90:
+			return bkDeliver
+		default:
+			return bkRequest
+		}
+	}
+}
+
+// TestBreakerIntakeFaults: lanes deeper than the window (windows 1, 2, 3,
+// 32, 64; several lanes of one address and one of another), every kind of
+// call mixed on each lane, while the real intake refuses legs resendable
+// and for good and stalls past the leg timeout at pseudo-random positions
+// of the windows. One verdict each; accepted handled once; 0 inversions;
+// refused never handled; and since nothing here loses a reply, the intake
+// never sees an accepted delivery again (0 dedupe hits): nothing accepted
+// or timed out was re-sent.
+func TestBreakerIntakeFaults(t *testing.T) {
+	for _, w := range []int{1, 2, 3, 32, 64} {
+		t.Run(fmt.Sprintf("window%d", w), func(t *testing.T) {
+			depth := max(5*w, 60)
+			if testing.Short() {
+				depth = max(2*w, 20)
+			}
+			s := natstest.RunServer(t)
+			faults := &intakeFaults{stall: 450 * time.Millisecond}
+			seed := fmt.Sprint("intake", w)
+			faults.plan = func(n int64) fault {
+				switch h := bkHash(seed, n) % 1000; {
+				case h < 40:
+					return faultRefuse
+				case h < 60:
+					return faultRefuseFinal
+				case h < 63 && n < 3000:
+					return faultDrop
+				}
+				return faultNone
+			}
+			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{Fence: faults.fence, TurnFence: func() error { return nil }})
+			nc := natstest.Connect(t, s)
+			base := runtime.NumGoroutine()
+			lates := &lateSet{}
+			c, err := NewClient(Config{Conn: nc, Resolver: StaticResolver{Node: n.ID()}},
+				WithWindow(w), WithLegTimeout(300*time.Millisecond), WithClock(&fakeClock{}),
+				WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add), WithLogger(bkQuiet))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lanes := []subjects.Address{"rec/x", "rec/x", "rec/x", "rec/y"}
+			streams := []subjects.Stream{"", "s1", "s.two", ""}
+			calls := bkLanes(c, lanes, streams, depth, func(l, i int) []byte { return bkPayload(l, i, 0) }, mixedKinds(seed), nil, fmt.Sprint("if", w))
+			tally := bkCheck(t, rec, lanes, calls, bkRules{lates: lates})
+			bkSettled(t, c, n.Host())
+			hs := n.Host().Stats()
+			if hs.DedupeHits != 0 {
+				t.Errorf("the intake saw %d accepted deliveries again: something accepted or timed out was re-sent (%+v)", hs.DedupeHits, hs)
+			}
+			for _, lane := range calls {
+				for _, k := range lane {
+					if k.err != nil && !bkTimeout(k.err) && !errors.Is(k.err, verdict.ErrInboxFull) {
+						t.Errorf("%s (%s): %v; want accepted, a timeout or the final refusal", k.id, bkKindNames[k.kind], k.err)
+					}
+				}
+			}
+			c.Close()
+			bkGoroutines(t, base, 3)
+			t.Logf("window %d: %d calls; intake: %d legs read, %d refused resendable, %d for good, %d stalls; client %+v; %v",
+				w, len(lanes)*depth, faults.n.Load(), faults.refused.Load(), faults.final.Load(), faults.stalled.Load(), c.Stats(), tally)
+		})
+	}
+}
+
+// TestBreakerOverload: windows of 32 and 64 on several lanes of one
+// address into a tiny inbox behind a slow handler, and into a low storm
+// breaker: refusals (inbox-full, storm-breaker: Ignored, never re-sent)
+// fall anywhere in the windows. Each fails alone; the rest is handled once,
+// in call order.
+func TestBreakerOverload(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		w     int
+		depth int
+		hc    hub.Config
+		slow  bool
+	}{
+		{"inbox3-window32", 32, 192, hub.Config{InboxSize: 3}, true},
+		{"inbox1-window64", 64, 128, hub.Config{InboxSize: 1}, true},
+		{"breaker-window32", 32, 192, hub.Config{BreakerRate: 150}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := natstest.RunServer(t)
+			n, rec := bkNode(t, natstest.Connect(t, s), tc.hc)
+			if tc.slow {
+				var turns atomic.Int64
+				rec.mu.Lock()
+				rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+					if turns.Add(1)%7 == 0 {
+						runtime.Gosched()
+						time.Sleep(200 * time.Microsecond) // a slow handler: the fault under test
+					}
+					return nil
+				}
+				rec.mu.Unlock()
+			}
+			lates := &lateSet{}
+			c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(tc.w),
+				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add), WithLogger(bkQuiet))
+			lanes := []subjects.Address{"rec/o", "rec/o", "rec/o"}
+			streams := []subjects.Stream{"a", "b", "c"}
+			depth := tc.depth
+			calls := bkLanes(c, lanes, streams, depth, func(l, i int) []byte { return bkPayload(l, i, 0) },
+				func(l, i int) bkKind { return bkKind(bkHash(tc.name, l, i) % 2) }, nil, tc.name)
+			tally := bkCheck(t, rec, lanes, calls, bkRules{lates: lates})
+			bkSettled(t, c, n.Host())
+			for _, lane := range calls {
+				for _, k := range lane {
+					if k.err != nil && !errors.Is(k.err, verdict.ErrInboxFull) && !errors.Is(k.err, verdict.ErrStormBreaker) && !bkTimeout(k.err) {
+						t.Errorf("%s: %v", k.id, k.err)
+					}
+				}
+			}
+			if hs := n.Host().Stats(); hs.DedupeHits != 0 {
+				t.Errorf("%d dedupe hits: an accepted delivery was re-sent", hs.DedupeHits)
+			}
+			t.Logf("%s: %d calls, host %+v, %v", tc.name, len(lanes)*depth, n.Host().Stats().RefusedByReason, tally)
+		})
+	}
+}
+
+// TestBreakerEvictedLanes: more lanes of one address than an activation
+// keeps state for (maxLaneStates), each pipelining a window, so that the
+// intake evicts the state of lanes whose windows are in flight: their next
+// legs are refused out of order and re-sent in a new epoch. Nothing is
+// lost, handled twice or out of order, and every lane makes progress.
+func TestBreakerEvictedLanes(t *testing.T) {
+	streams, depth := 1200, 6
+	if testing.Short() {
+		streams = 1100
+	}
+	s := natstest.RunServer(t)
+	n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{InboxSize: streams * depth})
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(4), WithMaxInFlight(4096),
+		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLogger(bkQuiet))
+	lanes := make([]subjects.Address, streams)
+	sts := make([]subjects.Stream, streams)
+	for i := range lanes {
+		lanes[i], sts[i] = "rec/evict", subjects.Stream(fmt.Sprint("st", i))
+	}
+	calls := bkLanes(c, lanes, sts, depth, func(l, i int) []byte { return bkPayload(l, i, 0) },
+		func(l, i int) bkKind { return bkAsync + bkKind(i%2) }, nil, "ev")
+	tally := bkCheck(t, rec, lanes, calls, bkRules{})
+	for _, lane := range calls {
+		for _, k := range lane {
+			if k.err != nil && !bkTimeout(k.err) {
+				t.Errorf("%s: %v", k.id, k.err)
+			}
+		}
+	}
+	bkSettled(t, c, n.Host())
+	hs := n.Host().Stats()
+	if hs.DedupeHits != 0 {
+		t.Errorf("%d dedupe hits: an accepted delivery was re-sent", hs.DedupeHits)
+	}
+	t.Logf("%d lanes × %d: host refused %v; %v", streams, depth, hs.RefusedByReason, tally)
+}
+
+// TestBreakerCallerEnds: a lane pipelined with the caller's context
+// cancelled, expiring, or already done at the first, a middle and the last
+// position of each window (windows 1, 2, 32), and Client.Close in the
+// middle of deep windows. One verdict each; a delivery that got a
+// resendable verdict (deadline before sending, ErrClosing) was never
+// handled unless its leg was in flight when Close interrupted it; a
+// cancelled or expired one handled at most once; the rest handled once,
+// in call order; no lane or goroutine left.
+func TestBreakerCallerEnds(t *testing.T) {
+	for _, w := range []int{1, 2, 32} {
+		t.Run(fmt.Sprintf("window%d", w), func(t *testing.T) {
+			s := natstest.RunServer(t)
+			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{})
+			nc := natstest.Connect(t, s)
+			base := runtime.NumGoroutine()
+			c, err := NewClient(Config{Conn: nc, Resolver: StaticResolver{Node: n.ID()}}, WithWindow(w), WithLogger(bkQuiet),
+				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			depth := max(8*w, 48)
+			var cancels []context.CancelFunc
+			var cmu sync.Mutex
+			ctxFor := func(k *bkCall) context.Context {
+				pos := k.idx % max(w, 3)
+				if pos != 0 && pos != max(w, 3)/2 && pos != max(w, 3)-1 {
+					return context.Background()
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				cmu.Lock()
+				cancels = append(cancels, cancel)
+				cmu.Unlock()
+				switch bkHash("ends", w, k.lane, k.idx) % 5 {
+				case 0:
+					k.note = "pre-cancelled"
+					cancel()
+				case 1:
+					k.note = "cancel"
+					time.AfterFunc(time.Duration(bkHash(k.id)%2000)*time.Microsecond, cancel)
+				case 2:
+					k.note = "deadline"
+					ctx, cancel = context.WithTimeout(ctx, time.Duration(bkHash(k.id)%3000)*time.Microsecond)
+					cmu.Lock()
+					cancels = append(cancels, cancel)
+					cmu.Unlock()
+				case 3:
+					k.note = "expired"
+					ctx, cancel = context.WithDeadline(ctx, time.Now().Add(-time.Second))
+					cmu.Lock()
+					cancels = append(cancels, cancel)
+					cmu.Unlock()
+				default:
+					k.note = "cancel-later"
+					time.AfterFunc(50*time.Millisecond, cancel)
+				}
+				return ctx
+			}
+			lanes := []subjects.Address{"rec/e", "rec/e", "rec/f"}
+			sts := []subjects.Stream{"1", "2", ""}
+			calls := bkLanes(c, lanes, sts, depth, func(l, i int) []byte { return bkPayload(l, i, 0) }, mixedKinds("ends"), ctxFor, fmt.Sprint("ce", w))
+			mayHold := func(k *bkCall) bool { return errors.Is(k.err, context.Canceled) }
+			tally := bkCheck(t, rec, lanes, calls, bkRules{mayHold: mayHold})
+			for _, lane := range calls {
+				for _, k := range lane {
+					switch {
+					case k.err == nil, bkTimeout(k.err), errors.Is(k.err, verdict.ErrDeadlineUnsent), errors.Is(k.err, context.Canceled):
+					default:
+						t.Errorf("%s (%s %s): %v", k.id, bkKindNames[k.kind], k.note, k.err)
+					}
+					if k.note == "" && k.err != nil && !bkTimeout(k.err) {
+						t.Errorf("%s (%s): %v, not cancelled by its caller", k.id, bkKindNames[k.kind], k.err)
+					}
+					if (k.note == "pre-cancelled" || k.note == "expired") && k.err == nil {
+						t.Errorf("%s (%s %s): accepted", k.id, bkKindNames[k.kind], k.note)
+					}
+				}
+			}
+			bkSettled(t, c, n.Host())
+			// Close in the middle of deep windows.
+			var closeCalls [][]*bkCall
+			var wg sync.WaitGroup
+			wg.Add(1)
+			lanes2 := []subjects.Address{"rec/e2", "rec/e2", "rec/f2"}
+			go func() {
+				defer wg.Done()
+				closeCalls = bkLanes(c, lanes2, sts, 4*depth, func(l, i int) []byte { return bkPayload(l, i, 0) }, mixedKinds("close"), nil, fmt.Sprint("cl", w))
+			}()
+			before := n.Host().Stats().Accepted
+			natstest.Eventually(t, 10*time.Second, func() bool { return n.Host().Stats().Accepted >= before+int64(depth) }, "half the calls accepted")
+			c.Close()
+			wg.Wait()
+			closing := func(k *bkCall) bool { return errors.Is(k.err, verdict.ErrClosing) }
+			tally2 := bkCheck(t, rec, lanes2, closeCalls, bkRules{mayHold: closing})
+			for _, lane := range closeCalls {
+				for _, k := range lane {
+					if k.err != nil && !closing(k) && !bkTimeout(k.err) {
+						t.Errorf("%s (%s): %v, want accepted or closing", k.id, bkKindNames[k.kind], k.err)
+					}
+				}
+			}
+			if sat := c.Saturation(); sat.Lanes != 0 || sat.LegsInFlight != 0 {
+				t.Errorf("after Close: %+v", sat)
+			}
+			cmu.Lock()
+			for _, cancel := range cancels {
+				cancel()
+			}
+			cmu.Unlock()
+			bkGoroutines(t, base, 3)
+			t.Logf("window %d: %v; close: %v", w, tally, tally2)
+		})
+	}
+}
