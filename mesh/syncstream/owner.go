@@ -296,7 +296,9 @@ func (o *Owner) Close() {
 	}
 }
 
-// Frames returns how many frames were sent.
+// Frames returns how many frames were queued to subscribers (each is sent
+// unless its subscriber is dropped or unsubscribes first); a frame to n
+// subscribers counts n times.
 func (o *Owner) Frames() int64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
