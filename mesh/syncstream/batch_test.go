@@ -344,3 +344,58 @@ var nuidSeq atomic.Int64
 func nuidFor(testing.TB) string {
 	return fmt.Sprintf("malformed-%d-%d", time.Now().UnixNano(), nuidSeq.Add(1))
 }
+
+// TestCloseFollowsQueuedFrames: Close while frames wait in the owner sends
+// the closed frame after them, in the same order: the subscriber applies
+// every frame published before Close, then subscribes again (and gets a
+// fresh snapshot), over several rounds.
+func TestCloseFollowsQueuedFrames(t *testing.T) {
+	s := natstest.RunServer(t)
+	owner, _ := startNode(t, s, "owner", false)
+	owned := startPublisher(t, owner)
+	sub, _ := startNode(t, s, "sub", false)
+	var mu sync.Mutex
+	var got []syncstream.Frame
+	ss, err := syncstream.Subscribe(context.Background(), sub, "pub/c", "", func(f syncstream.Frame) {
+		mu.Lock()
+		got = append(got, f)
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Stop()
+	o := owned("pub/c")
+	const each = 1000
+	for round := 1; round <= 3; round++ {
+		natstest.Eventually(t, 10*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(got) > 0 && got[len(got)-1].Snapshot && o.Subscribers("") == 1
+		}, "round %d: subscribed", round)
+		mu.Lock()
+		got = got[:0]
+		mu.Unlock()
+		base := o.Version("")
+		for i := 0; i < each; i++ {
+			o.Publish("", payloadOf(round, i, 200))
+		}
+		o.Close()
+		natstest.Eventually(t, 10*time.Second, func() bool {
+			_, _, re := ss.Stats()
+			mu.Lock()
+			defer mu.Unlock()
+			return re >= int64(round) && len(got) == each+1 && got[each].Snapshot
+		}, "round %d: every frame, then a resubscribe's snapshot", round)
+		mu.Lock()
+		for i, f := range got[:each] {
+			if f.Snapshot || f.Version != base+uint64(i)+1 || checkPayload(f.Data) != nil {
+				t.Fatalf("round %d: frame %d is (%d, snapshot %v)", round, i, f.Version, f.Snapshot)
+			}
+		}
+		if v := got[each].Version; v != base+each {
+			t.Errorf("round %d: snapshot version %d, want %d", round, v, base+each)
+		}
+		mu.Unlock()
+	}
+}
