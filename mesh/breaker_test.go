@@ -14,6 +14,7 @@ package mesh
 // no lane or goroutine left behind.
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,11 +54,12 @@ var bkKindNames = [...]string{"async", "async-func", "deliver", "request"}
 
 // bkCall is one call of a breaker test and what became of it.
 type bkCall struct {
-	id   string
-	lane int // index of its lane (address, stream) in the test
-	idx  int // its place in its lane's call order
-	kind bkKind
-	note string // what the test did to it ("cancel", "deadline", ...)
+	id      string
+	lane    int // index of its lane (address, stream) in the test
+	idx     int // its place in its lane's call order
+	kind    bkKind
+	note    string // what the test did to it ("cancel", "deadline", ...)
+	payload []byte
 
 	verdicts atomic.Int32 // verdicts received: must end at 1
 	done     chan struct{}
@@ -189,9 +192,10 @@ func bkCheck(t *testing.T, rec *recorder, lanes []subjects.Address, calls [][]*b
 			t.Errorf("%s (%s %s): resendable verdict %v, yet handled", k.id, bkKindNames[k.kind], k.note, k.err)
 		}
 	}
-	// Call order, lane by lane, among those handled.
+	// Call order, lane by lane, among those handled (a call is known by
+	// its ID), and every payload handled as it was sent.
 	next := make([]int, len(calls))
-	inversions := 0
+	inversions, corrupt := 0, 0
 	seenAddr := map[subjects.Address]bool{}
 	for _, addr := range lanes {
 		if seenAddr[addr] {
@@ -199,24 +203,30 @@ func bkCheck(t *testing.T, rec *recorder, lanes []subjects.Address, calls [][]*b
 		}
 		seenAddr[addr] = true
 		for _, d := range rec.handled[addr] {
-			if len(d.Payload) < 8 {
+			k := byID[d.ID]
+			if k == nil || lanes[k.lane] != addr {
 				continue
 			}
-			l, i := int(binary.BigEndian.Uint32(d.Payload)), int(binary.BigEndian.Uint32(d.Payload[4:]))
-			if l >= len(calls) || lanes[l] != addr {
-				continue
-			}
-			if i < next[l] {
-				inversions++
-				if inversions <= 10 {
-					t.Errorf("lane %d: #%d handled after #%d (inversion or duplicate)", l, i, next[l]-1)
+			if !bytes.Equal(d.Payload, k.payload) {
+				corrupt++
+				if corrupt <= 10 {
+					t.Errorf("%s: handled with a payload of %d bytes, sent %d (changed)", k.id, len(d.Payload), len(k.payload))
 				}
 			}
-			next[l] = i + 1
+			if k.idx < next[k.lane] {
+				inversions++
+				if inversions <= 10 {
+					t.Errorf("lane %d: #%d handled after #%d (inversion or duplicate)", k.lane, k.idx, next[k.lane]-1)
+				}
+			}
+			next[k.lane] = k.idx + 1
 		}
 	}
 	if inversions > 10 {
 		t.Errorf("%d inversions in all", inversions)
+	}
+	if corrupt > 10 {
+		t.Errorf("%d payloads changed in all", corrupt)
 	}
 	return tally
 }
@@ -285,10 +295,16 @@ func (f *intakeFaults) fence() error {
 	return nil
 }
 
-// bkNode starts a node "b" on s with the recorder kind and host config hc.
+// bkNode starts a node "b" on nc with the recorder kind and host config hc.
 func bkNode(t *testing.T, nc *nats.Conn, hc hub.Config) (*Node, *recorder) {
 	t.Helper()
-	n, err := NewNode(NodeConfig{Conn: nc, Name: "b", Host: hc, DisableControl: true, DisableIngress: true, Logger: bkQuiet})
+	return bkNamedNode(t, nc, "b", hc)
+}
+
+// bkNamedNode is bkNode with a name.
+func bkNamedNode(t *testing.T, nc *nats.Conn, name string, hc hub.Config) (*Node, *recorder) {
+	t.Helper()
+	n, err := NewNode(NodeConfig{Conn: nc, Name: name, Host: hc, DisableControl: true, DisableIngress: true, Logger: bkQuiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +339,8 @@ func bkLanes(c *Client, lanes []subjects.Address, streams []subjects.Stream, dep
 				if ctxFor != nil {
 					ctx = ctxFor(k)
 				}
-				bkSend(ctx, c, k, Delivery{ID: k.id, To: lanes[l], Stream: streams[l], Payload: payload(l, k.idx)})
+				k.payload = payload(l, k.idx)
+				bkSend(ctx, c, k, Delivery{ID: k.id, To: lanes[l], Stream: streams[l], Payload: k.payload})
 			}
 		}()
 	}
@@ -617,4 +634,174 @@ func TestBreakerCallerEnds(t *testing.T) {
 			t.Logf("window %d: %v; close: %v", w, tally, tally2)
 		})
 	}
+}
+
+// TestBreakerPayloadsAndStreams: windows pipelined on streams and an
+// address of odd bytes (NUL, '.', '*', '>', '=', space, multi-byte UTF-8,
+// a 256-byte stream of control bytes), with payloads from empty to the
+// server's max_payload: a payload over it fails before anything is sent,
+// and one that fits alone but not with the headers fails when its leg is
+// published in the middle of the window. Those fail alone, never handled;
+// the rest is handled once, in order, byte for byte as sent.
+func TestBreakerPayloadsAndStreams(t *testing.T) {
+	const maxPayload = 64 << 10
+	s := natstest.RunServer(t, natstest.WithMaxPayload(maxPayload))
+	n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{})
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(8), WithLogger(bkQuiet),
+		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}))
+	sts := []subjects.Stream{"", "\x00", "a.b", "*", ">", " ", "=", "=3D", "é😀", subjects.Stream(strings.Repeat("\x01", 256)), "s", ""}
+	lanes := make([]subjects.Address, len(sts))
+	for i := range lanes {
+		lanes[i] = "rec/p"
+	}
+	lanes[len(lanes)-2], lanes[len(lanes)-1] = "rec/x y.z*>", "rec/=3D=é~"
+	depth := 40
+	sizes := func(l, i int) int {
+		switch h := bkHash("payload", l, i) % 100; {
+		case h < 30:
+			return 0
+		case h < 70:
+			return int(h)
+		case h < 90:
+			return 4096 + int(bkHash(l, i)%12000)
+		case h < 95:
+			return maxPayload - 2048 // fits with the headers
+		case h < 98:
+			return maxPayload - 8 // fits alone, not with the headers
+		default:
+			return maxPayload + 1
+		}
+	}
+	payload := func(l, i int) []byte {
+		n := sizes(l, i)
+		if n == 0 {
+			return nil
+		}
+		p, h := make([]byte, n), bkHash(l, i)
+		for j := range p {
+			p[j] = byte(h + uint32(j)*31)
+		}
+		return p
+	}
+	calls := bkLanes(c, lanes, sts, depth, payload, mixedKinds("kinds of payloads"), nil, "pl")
+	tally := bkCheck(t, rec, lanes, calls, bkRules{})
+	tooLarge := 0
+	for _, lane := range calls {
+		for _, k := range lane {
+			big := len(k.payload) > maxPayload-1024
+			switch {
+			case big && len(k.payload) > maxPayload-2048:
+				if !errors.Is(k.err, verdict.ErrPayloadTooLarge) || verdict.IsTransient(k.err) {
+					t.Errorf("%s (%d bytes): %v, want payload-too-large", k.id, len(k.payload), k.err)
+				}
+				tooLarge++
+			case k.err != nil && !bkTimeout(k.err):
+				t.Errorf("%s (%s, %d bytes, stream %q): %v", k.id, bkKindNames[k.kind], len(k.payload), sts[k.lane], k.err)
+			}
+		}
+	}
+	bkSettled(t, c, n.Host())
+	if hs := n.Host().Stats(); hs.DedupeHits != 0 {
+		t.Errorf("%d dedupe hits", hs.DedupeHits)
+	}
+	t.Logf("%d calls, %d too large: %v", len(lanes)*depth, tooLarge, tally)
+}
+
+// splitResolver sends addresses under rec/a to a fault proxy's current
+// generation, every other address to node.
+type splitResolver struct {
+	px   *faultProxy
+	node subjects.NodeID
+}
+
+func (r splitResolver) Resolve(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+	if strings.HasPrefix(string(addr), "rec/a") {
+		return r.px.Resolve(ctx, addr)
+	}
+	return r.node, nil
+}
+
+func (splitResolver) Invalidate(subjects.Address, subjects.NodeID) {}
+
+// TestBreakerDepartureIsolation: one client pipelines windows to an owner
+// that departs every few milliseconds (a proxy generation declared gone
+// with FailNode; the real node behind it dedupes the re-sends) and, on
+// the same lanes' client, to a second owner that never departs; a second
+// client pipelines to that owner too. Flights and lanes are pooled across
+// deliveries and clients: a departure must reach only the deliveries
+// addressed to the departed generation, in the life they were in — the
+// other owner's deliveries are all accepted at the first leg (no retry, no
+// dedupe hit there). The departing owner's deliveries are each accepted,
+// handled once, in call order.
+func TestBreakerDepartureIsolation(t *testing.T) {
+	per := 400
+	if testing.Short() {
+		per = 100
+	}
+	s := natstest.RunServer(t)
+	na, reca := bkNamedNode(t, natstest.Connect(t, s), "a", hub.Config{})
+	nb, recb := bkNamedNode(t, natstest.Connect(t, s), "bb", hub.Config{})
+	p := newFaultProxy(t, natstest.Connect(t, s), na)
+	c1 := newClient(t, natstest.Connect(t, s), splitResolver{px: p, node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet),
+		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 500}), WithLegTimeout(5*time.Second))
+	c2 := newClient(t, natstest.Connect(t, s), StaticResolver{Node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet))
+	p.client.Store(c1)
+	stop := make(chan struct{})
+	chaos := make(chan int)
+	go func() {
+		events := 0
+		for {
+			select {
+			case <-stop:
+				chaos <- events
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			old := subjects.NodeID{Name: "px", Generation: p.gen.Add(1) - 1}
+			c1.FailNode(old, "chaos")
+			events++
+		}
+	}()
+	lanesA := []subjects.Address{"rec/a1", "rec/a1", "rec/a2"}
+	lanesB := []subjects.Address{"rec/b1", "rec/b1", "rec/b2"}
+	sts := []subjects.Stream{"x", "y", ""}
+	var callsA, callsB, callsB2 [][]*bkCall
+	var wg sync.WaitGroup
+	wg.Add(3)
+	pl := func(l, i int) []byte { return bkPayload(l, i, 0) }
+	go func() {
+		defer wg.Done()
+		callsA = bkLanes(c1, lanesA, sts, per, pl, func(l, i int) bkKind { return bkKind(bkHash("a", l, i) % 3) }, nil, "da")
+	}()
+	go func() {
+		defer wg.Done()
+		callsB = bkLanes(c1, lanesB, sts, per, pl, mixedKinds("b"), nil, "db")
+	}()
+	go func() {
+		defer wg.Done()
+		callsB2 = bkLanes(c2, []subjects.Address{"rec/b3", "rec/b3", "rec/b4"}, sts, per, pl, mixedKinds("b2"), nil, "dc")
+	}()
+	wg.Wait()
+	tallyA := bkCheck(t, reca, lanesA, callsA, bkRules{})
+	close(stop)
+	events := <-chaos
+	tallyB := bkCheck(t, recb, lanesB, callsB, bkRules{})
+	bkCheck(t, recb, []subjects.Address{"rec/b3", "rec/b3", "rec/b4"}, callsB2, bkRules{})
+	for _, set := range [][][]*bkCall{callsA, callsB, callsB2} {
+		for _, lane := range set {
+			for _, k := range lane {
+				if k.err != nil {
+					t.Errorf("%s (%s): %v", k.id, bkKindNames[k.kind], k.err)
+				}
+			}
+		}
+	}
+	if hs := nb.Host().Stats(); hs.DedupeHits != 0 {
+		t.Errorf("the owner that never departed saw %d deliveries again: a departure reached a delivery not addressed to it", hs.DedupeHits)
+	}
+	if st := c2.Stats(); st.Retries != 0 {
+		t.Errorf("the client without departures retried %d times: %+v", st.Retries, st)
+	}
+	bkSettled(t, c1, na.Host())
+	t.Logf("%d departures; client 1 %+v; A %+v; B %v", events, c1.Stats(), tallyA, tallyB)
 }
