@@ -64,7 +64,17 @@ type dedupe struct {
 	maxBytes  int
 	bytes     int
 	responses []*record // records holding a response, oldest first
+
+	// slab is where the next records are carved from: records are made
+	// recordSlab at a time (one allocation instead of one per delivery).
+	// They enter and leave the window in order, so a slab lives about as
+	// long as its records; what refers to a record (the window, a queued
+	// entry, the kept responses) is internal and bounded.
+	slab []record
 }
+
+// recordSlab is how many records dedupe allocates at once.
+const recordSlab = 64
 
 func newDedupe(n, maxResponseBytes int) *dedupe {
 	return &dedupe{recs: make(map[string]*record, min(n, 4096)), ring: make([]*record, n), maxBytes: maxResponseBytes}
@@ -80,8 +90,13 @@ func (d *dedupe) lookup(id string) *record {
 // add remembers a delivery about to be enqueued and returns its record; the
 // oldest ID leaves the window.
 func (d *dedupe) add(id string, request bool, answerTo string) *record {
-	r := &record{id: id, request: request, answerTo: answerTo}
 	d.mu.Lock()
+	if len(d.slab) == 0 {
+		d.slab = make([]record, recordSlab)
+	}
+	r := &d.slab[0]
+	d.slab = d.slab[1:]
+	r.id, r.request, r.answerTo = id, request, answerTo
 	if old := d.ring[d.next]; old != nil && d.recs[old.id] == old {
 		delete(d.recs, old.id)
 		d.dropResponseLocked(old)
