@@ -53,3 +53,40 @@ func BenchmarkStreamFrames(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "frames/s")
 }
+
+// BenchmarkStreamFrameOneByOne: one frame at a time through one stream —
+// published, then waited for until the subscriber applied it — so every
+// frame travels alone (no batching): ns/op is the owner → subscriber
+// latency of a frame, its encoding and apply path included.
+//
+//	go test -run '^$' -bench StreamFrameOneByOne -benchtime 5000x ./mesh/syncstream/
+func BenchmarkStreamFrameOneByOne(b *testing.B) {
+	s := natstest.RunServer(b)
+	owner, _ := startNode(b, s, "owner", false)
+	var side atomic.Pointer[syncstream.Owner]
+	_ = owner.Register("pub", func(_ context.Context, addr subjects.Address) (hub.Hub, error) {
+		o := syncstream.NewOwner(owner.Client, addr, func(subjects.Stream) []byte { return nil }, quiet)
+		side.Store(o)
+		return hub.HandlerFunc(func(_ context.Context, d *hub.Delivery) error {
+			_, err := o.Handle(d)
+			return err
+		}), nil
+	})
+	sub, _ := startNode(b, s, "sub", false)
+	applied := make(chan struct{}, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ss, err := syncstream.Subscribe(ctx, sub, "pub/x", "", func(syncstream.Frame) { applied <- struct{}{} })
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ss.Stop()
+	<-applied // the snapshot
+	o := side.Load()
+	payload := make([]byte, 128)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		o.Publish("", payload)
+		<-applied
+	}
+}
