@@ -805,3 +805,134 @@ func TestBreakerDepartureIsolation(t *testing.T) {
 	bkSettled(t, c1, na.Host())
 	t.Logf("%d departures; client 1 %+v; A %+v; B %v", events, c1.Stats(), tallyA, tallyB)
 }
+
+// TestBreakerManySenders: one lane (address, stream) fed by many callers at
+// once — 12 goroutines of one client, each making its own ordered calls of
+// every kind, and 6 clients of their own — while the intake refuses legs
+// now and then (resendable and for good). Each caller's calls are handled
+// in its call order; one verdict each; accepted handled once; refused
+// never; 0 dedupe hits.
+func TestBreakerManySenders(t *testing.T) {
+	for _, w := range []int{3, 64} {
+		t.Run(fmt.Sprintf("window%d", w), func(t *testing.T) {
+			s := natstest.RunServer(t)
+			faults := &intakeFaults{}
+			seed := fmt.Sprint("senders", w)
+			faults.plan = func(n int64) fault {
+				switch h := bkHash(seed, n) % 1000; {
+				case h < 30:
+					return faultRefuse
+				case h < 45:
+					return faultRefuseFinal
+				}
+				return faultNone
+			}
+			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{Fence: faults.fence, TurnFence: func() error { return nil }})
+			opts := []Option{WithWindow(w), WithLogger(bkQuiet), WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20})}
+			shared := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, opts...)
+			const goroutines, clients, depth = 12, 6, 60
+			lanes := make([]subjects.Address, goroutines+clients)
+			sts := make([]subjects.Stream, len(lanes))
+			for i := range lanes {
+				lanes[i], sts[i] = "rec/many", "one"
+			}
+			all := make([][]*bkCall, len(lanes))
+			var wg sync.WaitGroup
+			// Each caller is a "lane" of the checker: its own calls, in
+			// its own order, on the one real lane.
+			pl := func(l, i int) []byte { return bkPayload(l, i, int(bkHash(l, i)%64)) }
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got := bkLanes(shared, lanes[:goroutines], sts[:goroutines], depth, pl, mixedKinds(seed), nil, "ms")
+				copy(all, got)
+			}()
+			for ci := range clients {
+				c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, opts...)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					l := goroutines + ci
+					one := bkLanes(c, lanes[l:l+1], sts[l:l+1], depth, func(_, i int) []byte { return pl(l, i) }, mixedKinds(fmt.Sprint(seed, ci)), nil, fmt.Sprint("mc", ci))
+					for _, k := range one[0] {
+						k.lane = l
+					}
+					all[l] = one[0]
+				}()
+			}
+			wg.Wait()
+			tally := bkCheck(t, rec, lanes, all, bkRules{})
+			bkSettled(t, shared, n.Host())
+			for _, lane := range all {
+				for _, k := range lane {
+					if k.err != nil && !errors.Is(k.err, verdict.ErrInboxFull) && !bkTimeout(k.err) {
+						t.Errorf("%s (%s): %v", k.id, bkKindNames[k.kind], k.err)
+					}
+				}
+			}
+			if hs := n.Host().Stats(); hs.DedupeHits != 0 {
+				t.Errorf("%d dedupe hits", hs.DedupeHits)
+			}
+			t.Logf("window %d: %d calls; intake %d legs, %d refused resendable, %d for good; %v", w, len(lanes)*depth, faults.n.Load(), faults.refused.Load(), faults.final.Load(), tally)
+		})
+	}
+}
+
+// TestBreakerColdWindows: windows pipelined at once to many addresses no
+// node has activated yet, on a node with membership: each address's legs
+// park on its claim (a tight park bound refuses some, Ignored, in the
+// middle of windows) and are accepted in lane order once it is claimed.
+// One verdict each; accepted handled once; parked-and-refused never; 0
+// inversions; one activation per address.
+func TestBreakerColdWindows(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		park  int
+		addrs int
+	}{
+		{"park-default", 0, 150},
+		{"park2", 2, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := natstest.RunServer(t)
+			nc := natstest.Connect(t, s)
+			mc := steadyMembership
+			n, err := NewNode(NodeConfig{Conn: nc, Name: "cold", Membership: &mc, Logger: bkQuiet, DisableControl: true, DisableIngress: true,
+				Host: hub.Config{ParkPerAddress: tc.park}}, WithWindow(8), WithLogger(bkQuiet), WithRetry(RetryPolicy{MaxRetries: 20}), WithClock(&fakeClock{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := newRecorder()
+			if err := n.Register("rec", rec.factory); err != nil {
+				t.Fatal(err)
+			}
+			if err := n.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = n.Close() })
+			lanes := make([]subjects.Address, tc.addrs)
+			sts := make([]subjects.Stream, tc.addrs)
+			for i := range lanes {
+				lanes[i] = subjects.Address(fmt.Sprintf("rec/cold-%s-%d", tc.name, i))
+			}
+			calls := bkLanes(n.Client, lanes, sts, 12, func(l, i int) []byte { return bkPayload(l, i, 0) },
+				func(l, i int) bkKind { return bkKind(bkHash("cold", l, i) % 2) }, nil, "cw"+tc.name)
+			tally := bkCheck(t, rec, lanes, calls, bkRules{})
+			for _, lane := range calls {
+				for _, k := range lane {
+					if k.err != nil && !bkTimeout(k.err) && (tc.park == 0 || !errors.Is(k.err, verdict.ErrInboxFull)) {
+						t.Errorf("%s: %v", k.id, k.err)
+					}
+				}
+			}
+			hs := n.Host().Stats()
+			if hs.Activations > tc.addrs {
+				t.Errorf("%d activations for %d addresses", hs.Activations, tc.addrs)
+			}
+			if hs.DedupeHits != 0 {
+				t.Errorf("%d dedupe hits", hs.DedupeHits)
+			}
+			t.Logf("%s: %d calls to %d cold addresses; host refused %v; %v", tc.name, tc.addrs*12, tc.addrs, hs.RefusedByReason, tally)
+		})
+	}
+}
