@@ -936,3 +936,104 @@ func TestBreakerColdWindows(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakerIdleCollection: activations collected as idle after 1 ms, so
+// that the intake loses a lane's state between the legs of a window
+// whenever the inbox runs dry (a blocking Deliver or Request among the
+// calls makes such gaps); later legs of the window meet a fresh activation
+// that holds no state for them and are refused out of order, then re-sent
+// in a new epoch. Nothing lost, handled twice or out of order.
+func TestBreakerIdleCollection(t *testing.T) {
+	for _, w := range []int{4, 32} {
+		t.Run(fmt.Sprintf("window%d", w), func(t *testing.T) {
+			s := natstest.RunServer(t)
+			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{IdleTimeout: time.Millisecond})
+			lates := &lateSet{}
+			c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(w), WithLogger(bkQuiet),
+				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
+			if _, err := c.Deliver(context.Background(), Delivery{To: "rec/warm"}); err != nil {
+				t.Fatal(err) // the client learns the node's answer key
+			}
+			lanes := []subjects.Address{"rec/idle", "rec/idle", "rec/idle2"}
+			sts := []subjects.Stream{"a", "b", ""}
+			calls := bkLanes(c, lanes, sts, 200, func(l, i int) []byte { return bkPayload(l, i, 0) }, mixedKinds(fmt.Sprint("idle", w)), nil, fmt.Sprint("ic", w))
+			tally := bkCheck(t, rec, lanes, calls, bkRules{lates: lates})
+			for _, lane := range calls {
+				for _, k := range lane {
+					if k.err != nil && !bkTimeout(k.err) {
+						t.Errorf("%s (%s): %v", k.id, bkKindNames[k.kind], k.err)
+					}
+				}
+			}
+			bkSettled(t, c, n.Host())
+			hs := n.Host().Stats()
+			if hs.DedupeHits != 0 {
+				t.Errorf("%d dedupe hits", hs.DedupeHits)
+			}
+			t.Logf("window %d: %d deactivations, refused %v, late %v; %v", w, hs.Deactivated, hs.RefusedByReason, hs.LateByReason, tally)
+		})
+	}
+}
+
+// TestBreakerLinkChaos: the client's own link dropped every few
+// milliseconds while windows of every kind of call are in flight (windows
+// 2 and 64) and the intake refuses some legs. A leg lost with the link is
+// re-sent after the reconnect under its ID (the intake dedupes it): every
+// plain delivery ends accepted and handled once; a Request ends with its
+// response or, if its response was lost with the link after acceptance,
+// outcome-unknown (Failed, handled at most once); a lane's calls are handled
+// in call order.
+func TestBreakerLinkChaos(t *testing.T) {
+	for _, w := range []int{2, 64} {
+		t.Run(fmt.Sprintf("window%d", w), func(t *testing.T) {
+			s := natstest.RunServer(t)
+			faults := &intakeFaults{}
+			seed := fmt.Sprint("link", w)
+			faults.plan = func(n int64) fault {
+				if bkHash(seed, n)%1000 < 20 {
+					return faultRefuse
+				}
+				return faultNone
+			}
+			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{Fence: faults.fence, TurnFence: func() error { return nil }})
+			nc := natstest.Connect(t, s, nats.ReconnectWait(5*time.Millisecond), nats.MaxReconnects(-1))
+			c := newClient(t, nc, StaticResolver{Node: n.ID()}, WithWindow(w), WithLogger(bkQuiet),
+				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 200}))
+			if _, err := c.Deliver(context.Background(), Delivery{To: "rec/warm"}); err != nil {
+				t.Fatal(err)
+			}
+			stop := make(chan struct{})
+			drops := make(chan int)
+			go func() {
+				k := 0
+				for {
+					select {
+					case <-stop:
+						drops <- k
+						return
+					case <-time.After(15 * time.Millisecond):
+					}
+					_ = nc.ForceReconnect()
+					k++
+				}
+			}()
+			lanes := []subjects.Address{"rec/link", "rec/link", "rec/link2"}
+			sts := []subjects.Stream{"a", "b", ""}
+			calls := bkLanes(c, lanes, sts, 250, func(l, i int) []byte { return bkPayload(l, i, 0) }, mixedKinds(seed), nil, fmt.Sprint("lk", w))
+			close(stop)
+			k := <-drops
+			unknown := func(k *bkCall) bool { return k.kind == bkRequest && errors.Is(k.err, verdict.ErrOutcomeUnknown) }
+			tally := bkCheck(t, rec, lanes, calls, bkRules{mayHold: unknown})
+			for _, lane := range calls {
+				for _, k := range lane {
+					if k.err != nil && !unknown(k) && !bkTimeout(k.err) {
+						t.Errorf("%s (%s): %v", k.id, bkKindNames[k.kind], k.err)
+					}
+				}
+			}
+			natstest.Eventually(t, 10*time.Second, nc.IsConnected, "reconnected")
+			bkSettled(t, c, n.Host())
+			t.Logf("window %d: %d link drops; client %+v; %v", w, k, c.Stats(), tally)
+		})
+	}
+}
