@@ -9,16 +9,18 @@
 # same load); Sequential and SequentialRequest give allocations and each
 # side's own run.
 #
-# Usage: scripts/bench.sh [outdir] [benchtime] [before-rev]
+# Usage: scripts/bench.sh [outdir] [benchtime] [before-rev] [round1-rev]
 # (run from the repository root; default outdir $TMPDIR/natsmesh-bench,
 # benchtime 2s). With before-rev (e.g. a commit before a change), the
 # benchmarks of that revision run interleaved with the working tree's, three
-# rounds each, so that both see the same load on a shared machine; the
-# round-1 sync-stream figure is StreamFrames at before-rev.
+# rounds each, so that both see the same load on a shared machine. With
+# round1-rev (the round-1 code, dd9f7c0), its StreamFrames runs in each
+# round too: the sync-stream row is a ratio to it in the same minutes.
 set -eu
 out=${1:-${TMPDIR:-/tmp}/natsmesh-bench}
 bt=${2:-2s}
 before=${3:-}
+round1=${4:-}
 mkdir -p "$out"
 benches='Sequential$|SequentialRequest|Paired|Concurrent256|OneLane256|OneLanePipelined'
 
@@ -32,6 +34,12 @@ if [ -n "$before" ]; then
 	# benchmarks file, so that its p50 ratios are measured the same way.
 	grep -q 'func BenchmarkPaired' "$out/before-src/mesh/bench_test.go" || cp mesh/bench_test.go "$out/before-src/mesh/bench_test.go"
 	(cd "$out/before-src" && go test -c -o "$out/mesh-before.test" ./mesh/ && go test -c -o "$out/stream-before.test" ./mesh/syncstream/)
+fi
+if [ -n "$round1" ]; then
+	rm -rf "$out/round1-src"
+	mkdir -p "$out/round1-src"
+	git archive "$round1" | tar -x -C "$out/round1-src"
+	(cd "$out/round1-src" && go test -c -o "$out/stream-round1.test" ./mesh/syncstream/)
 fi
 
 run() { # run <label> <binary> <args...>
@@ -50,9 +58,12 @@ while [ $i -lt $rounds ]; do
 		m="$out/mesh.test" s="$out/stream.test"
 		[ "$v" = before ] && m="$out/mesh-before.test" s="$out/stream-before.test"
 		run "$v mesh round $i" "$m" -test.run '^$' -test.bench "$benches" -test.benchmem -test.benchtime "$bt"
-		run "$v stream round $i" "$s" -test.run '^$' -test.bench StreamFrames -test.benchtime 20000x
+		run "$v stream round $i" "$s" -test.run '^$' -test.bench 'StreamFrames$' -test.benchtime 200000x
 		run "$v cold round $i" "$m" -test.run '^$' -test.bench ColdActivationConcurrent -test.benchtime 20000x
 	done
+	if [ -n "$round1" ]; then
+		run "round-1 stream round $i" "$out/stream-round1.test" -test.run '^$' -test.bench 'StreamFrames$' -test.benchtime 20000x
+	fi
 done 2>&1 | tee "$out/bench.txt"
 
 # Profiles of the after code: CPU for every row, allocations for the
@@ -66,7 +77,7 @@ for b in 'Sequential$/mesh' 'SequentialRequest/mesh' 'Concurrent256/mesh' 'OneLa
 done
 "$out/mesh.test" -test.run '^$' -test.bench 'Sequential$/mesh' -test.benchtime 20000x -test.memprofile "$out/seq.mem" -test.memprofilerate 1 >/dev/null
 go tool pprof -sample_index=alloc_objects -top -nodecount 40 "$out/mesh.test" "$out/seq.mem" >"$out/seq.alloc.top" 2>/dev/null
-"$out/stream.test" -test.run '^$' -test.bench StreamFrames -test.benchtime 20000x -test.cpuprofile "$out/stream.cpu" >/dev/null
+"$out/stream.test" -test.run '^$' -test.bench 'StreamFrames$' -test.benchtime 200000x -test.cpuprofile "$out/stream.cpu" >/dev/null
 go tool pprof -top -nodecount 30 "$out/stream.test" "$out/stream.cpu" >"$out/stream.top" 2>/dev/null
 
 # Two processes: meshd (embedded NATS server, membership) and meshctl bench
