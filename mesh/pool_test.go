@@ -287,3 +287,43 @@ func TestLateRepliesNeverReachReusedSlots(t *testing.T) {
 	}
 	t.Logf("%d legs, %d timeouts", senders*rounds*3, timeouts.Load())
 }
+
+// Allocations per sequential Deliver (sender, embedded server and hub
+// together, as BenchmarkSequential counts them) stay within issue 12's aim:
+// raw NATS request/reply (27) + 10. It was 42 before flights, lanes and
+// reply slots were reused, the lane cached its delivery subject, the Accepted
+// reply lost Mesh-Node and dedupe records came from slabs; about 31 after.
+func TestDeliverAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts differ under the race detector")
+	}
+	s := natstest.RunServer(t)
+	n, err := NewNode(NodeConfig{Conn: natstest.Connect(t, s), Name: "allocs"}, WithSaturationThreshold(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	_ = n.Register("noop", func(context.Context, subjects.Address) (hub.Hub, error) {
+		return hub.HandlerFunc(func(context.Context, *hub.Delivery) error { return nil }), nil
+	})
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	d := Delivery{To: "noop/allocs", Payload: make([]byte, 128)}
+	deliver := func() {
+		d.ID = ""
+		if _, err := n.Deliver(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 200 { // warm: activation, pools, the server's caches
+		deliver()
+	}
+	const raw, aim = 27, 27 + 10
+	if got := testing.AllocsPerRun(2000, deliver); got > aim {
+		t.Errorf("%.1f allocations per sequential Deliver, want at most %d (raw NATS %d + 10)", got, aim, raw)
+	} else {
+		t.Logf("%.1f allocations per sequential Deliver", got)
+	}
+}
