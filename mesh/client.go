@@ -429,6 +429,7 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 	var last error
 	var node subjects.NodeID
 	sent := false // a leg of this delivery left: waiting again is not "waiting for its lane" only
+	redirected := false
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 || sent {
 			if n, ok := c.answered(f); ok {
@@ -484,6 +485,16 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, verdict.ErrNotOwner) || errors.Is(err, verdict.ErrDeparted) {
 				c.cfg.Resolver.Invalidate(d.To, node)
 			}
+			if !redirected && c.redirect(d.To, node, err) {
+				// Refused "not the owner" naming the live owner: sent
+				// there at once (once per delivery: two nodes naming
+				// each other back off as any refusal does).
+				redirected = true
+				if attempt <= p.MaxRetries && !c.closing.Load() && time.Now().Before(deadline) {
+					last = fmt.Errorf("mesh: deliver %s to %s (attempt %d, node %s): %w", d.ID, d.To, attempt, node, err)
+					continue
+				}
+			}
 		} else {
 			if c.opts.tracer != nil {
 				traceAttempt(ctx, attempt, node, err) // nothing sent: no placement, directory down
@@ -528,6 +539,24 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 		}
 		c.retries.Add(1)
 	}
+}
+
+// redirect reports whether err refused addr at node "not the owner" naming
+// another generation, which the resolver took as addr's owner (Redirector).
+func (c *Client) redirect(addr subjects.Address, node subjects.NodeID, err error) bool {
+	r, ok := c.cfg.Resolver.(Redirector)
+	if !ok || !errors.Is(err, verdict.ErrNotOwner) {
+		return false
+	}
+	var ve *verdict.Error
+	if !errors.As(err, &ve) {
+		return false
+	}
+	owner, perr := subjects.ParseNodeID(ve.Node)
+	if perr != nil || owner == node {
+		return false
+	}
+	return r.Redirect(addr, owner)
 }
 
 // unsent is the verdict of a delivery whose deadline passed before its

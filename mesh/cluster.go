@@ -31,6 +31,13 @@ func (r nodeResolver) Invalidate(addr subjects.Address, node subjects.NodeID) {
 	}
 }
 
+func (r nodeResolver) Redirect(addr subjects.Address, owner subjects.NodeID) bool {
+	if inc := r.n.current(); inc != nil && inc.dir != nil {
+		return inc.dir.Redirect(addr, owner)
+	}
+	return false
+}
+
 // Gone reports whether the cluster view knows node gone (a newer generation
 // of its name is live, or it departed within the fencing delay; see
 // membership.Membership.Gone). False without membership. Safe for

@@ -19,6 +19,15 @@ type Resolver interface {
 	Invalidate(addr subjects.Address, node subjects.NodeID)
 }
 
+// Redirector is implemented by a Resolver that can learn an address's
+// owner from a refusal: a node that refuses a delivery "not the owner"
+// names the live owner (verdict.Error.Node), and the sender re-sends to it
+// at once, without a back-off, if Redirect reports true (DESIGN §5). A
+// Resolver that places without reading the directory must implement it.
+type Redirector interface {
+	Redirect(addr subjects.Address, owner subjects.NodeID) bool
+}
+
 // StaticResolver resolves every address to one node generation: the resolver
 // of a one-node mesh.
 type StaticResolver struct{ Node subjects.NodeID }

@@ -310,11 +310,17 @@ func (d *Directory) Owned() int {
 	return len(d.owned)
 }
 
-// Resolve returns addr's owner: from the cache if that generation is alive,
-// else from the directory if its owner is alive, else the node placement
-// picks (mesh.Resolver). Errors: verdict.ErrNoPlacement when no live node
-// hosts the kind, verdict.ErrDirectoryUnavailable when the directory cannot
-// be read.
+// Resolve returns addr's owner: from the cache if that generation is
+// alive, else the node placement picks among the live nodes that host its
+// kind (mesh.Resolver). It reads the directory only when no live node
+// hosts the kind (an address activated locally, e.g. a subscriber's own):
+// a placed node claims the address before it accepts, and if another live
+// generation owns it, it refuses "not the owner" naming that owner, which
+// the sender learns (Redirect) and sends to at once — one hop more only
+// for an address that is not where placement puts it. Errors:
+// verdict.ErrNoPlacement when no live node hosts the kind and the
+// directory names no live owner, verdict.ErrDirectoryUnavailable when the
+// directory cannot be read or this node's own link is down.
 func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
 	if v, ok := d.cache.Load(addr); ok {
 		n := v.(subjects.NodeID)
@@ -322,6 +328,14 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 			return n, nil
 		}
 		d.cache.CompareAndDelete(addr, n)
+	}
+	if !d.cfg.Conn.IsConnected() {
+		// Our own link is down: no node can be reached, nor the
+		// directory its claim needs. Nothing is sent: resendable.
+		return subjects.NodeID{}, unavailable("read", nats.ErrDisconnected)
+	}
+	if n, ok := Place(addr, d.members.Hosting(addr.Kind())); ok {
+		return n, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	c, rev, err := d.read(rctx, addr)
@@ -340,11 +354,18 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 		d.cache.Store(addr, c.Owner)
 		return c.Owner, nil
 	}
-	n, ok := Place(addr, d.members.Hosting(addr.Kind()))
-	if !ok {
-		return subjects.NodeID{}, &verdict.Error{Reason: verdict.ReasonNoPlacement, Message: fmt.Sprintf("no live node hosts kind %q", addr.Kind())}
+	return subjects.NodeID{}, &verdict.Error{Reason: verdict.ReasonNoPlacement, Message: fmt.Sprintf("no live node hosts kind %q", addr.Kind())}
+}
+
+// Redirect records owner as addr's owner if that generation is alive, and
+// reports whether it did (mesh.Redirector): a node refused a delivery for
+// addr "not the owner", naming owner.
+func (d *Directory) Redirect(addr subjects.Address, owner subjects.NodeID) bool {
+	if owner.IsZero() || !d.members.Alive(owner) {
+		return false
 	}
-	return n, nil
+	d.cache.Store(addr, owner)
+	return true
 }
 
 // Invalidate drops the cached owner of addr if it is node (mesh.Resolver).
