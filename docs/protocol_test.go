@@ -255,9 +255,6 @@ func TestWorkedExamples(t *testing.T) {
 	}
 }
 
-// answerKeyRE matches an answer key (hub/answer.go).
-var answerKeyRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
-
 // replyExample is one reply of protocol.md §4.3: the case (its comment) and
 // the headers shown.
 type replyExample struct {
@@ -379,16 +376,8 @@ func TestReplyExamples(t *testing.T) {
 			for id, doc := range names {
 				got = strings.ReplaceAll(got, id, doc)
 			}
-			if k == hub.HeaderAnswerKey && answerKeyRE.MatchString(got) && answerKeyRE.MatchString(v) {
-				continue // random per generation: the page shows one
-			}
 			if got != v {
 				t.Errorf("protocol.md:%d (%s): %s: got %q, the page says %q", ex.line, ex.comment, k, got, v)
-			}
-		}
-		for k := range reply.Header {
-			if _, shown := ex.want[k]; !shown && strings.HasPrefix(k, "Mesh-") {
-				t.Errorf("protocol.md:%d (%s): the reply has %s: %q, the page does not show it", ex.line, ex.comment, k, reply.Header.Get(k))
 			}
 		}
 	}

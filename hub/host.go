@@ -197,9 +197,8 @@ type Host struct {
 	cfg       Config
 	nodeID    string // cfg.Node.String(), the Mesh-Node header value
 	ansPrefix string // "<prefix>.ans.", where senders' answer subjects live
-	// acceptedHdr is the constant header of every Accepted reply
-	// (Mesh-Verdict, Mesh-Answer-Key); it is shared read-only (nats.go only
-	// reads a header when publishing).
+	// acceptedHdr is the constant header of every Accepted reply; it is
+	// shared read-only (nats.go only reads a header when publishing).
 	acceptedHdr nats.Header
 	answerKey   string // this generation's answer key (answer.go)
 	log         *slog.Logger
@@ -240,13 +239,9 @@ func New(cfg Config) (*Host, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	answerKey := newAnswerKey()
-	// Two header values, each one allocation for the sender's nats.go to
-	// read: no Mesh-Node, because the accepting generation is the one the
-	// delivery subject names (docs/protocol.md §4.1).
-	acceptedHdr := nats.Header{
-		verdict.HeaderVerdict: {verdict.Accepted.String()},
-		HeaderAnswerKey:       {answerKey},
-	}
+	acceptedHdr := nats.Header{}
+	verdict.Encode(acceptedHdr, nil, cfg.Node.String())
+	acceptedHdr.Set(HeaderAnswerKey, answerKey)
 	var br *breaker
 	if cfg.BreakerRate > 0 {
 		br = newBreaker(cfg.BreakerRate, time.Now)

@@ -16,9 +16,7 @@ const (
 	// HeaderMessage is human-readable detail.
 	HeaderMessage = "Mesh-Message"
 	// HeaderNode is the answering node ("name.gen") on Accepted, or the node
-	// a failure names (the owner, for not-owner). An Accepted reply to a
-	// delivery subject omits it: that subject names the accepting
-	// generation (docs/protocol.md §4.1).
+	// a failure names (the owner, for not-owner).
 	HeaderNode = "Mesh-Node"
 )
 
@@ -69,8 +67,7 @@ func wireMessage(err error) string {
 	return e.Message
 }
 
-// Decode reads a verdict from reply headers. It returns the accepting node
-// ("" if the reply names none, as a delivery subject's Accepted reply) and
+// Decode reads a verdict from reply headers. It returns the accepting node and
 // a nil error for Accepted, or an *[Error] that matches the sentinel of its
 // reason. A reply without a recognisable [HeaderVerdict] decodes to a Failed
 // *Error of ReasonUnknown: a peer that does not speak the protocol.

@@ -95,19 +95,3 @@ func TestDecodeForeignReplies(t *testing.T) {
 		t.Errorf("contradictory header decoded as %v", err)
 	}
 }
-
-// An Accepted reply to a delivery subject carries no Mesh-Node (the
-// subject names the accepting generation): it decodes as Accepted with no
-// node, whatever other headers (the answer key) it has; with Mesh-Node (an
-// ingress reply, an answer) the node is returned.
-func TestDecodeAcceptedWithoutNode(t *testing.T) {
-	node, err := Decode(nats.Header{HeaderVerdict: {"Accepted"}, "Mesh-Answer-Key": {"e97e78e0c16cf13d36de39888cca0d37"}})
-	if err != nil || node != "" {
-		t.Errorf("Accepted without Mesh-Node decoded as %q, %v", node, err)
-	}
-	h := nats.Header{}
-	Encode(h, nil, "a.1")
-	if node, err := Decode(h); err != nil || node != "a.1" || len(h) != 2 {
-		t.Errorf("Accepted with node: %v decoded as %q, %v", h, node, err)
-	}
-}
