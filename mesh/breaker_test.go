@@ -524,21 +524,24 @@ func TestBreakerEvictedLanes(t *testing.T) {
 
 // TestBreakerCallerEnds: a lane pipelined with the caller's context
 // cancelled, expiring, or already done at the first, a middle and the last
-// position of each window (windows 1, 2, 32), and Client.Close in the
+// position of each window (windows 1, 2, 32, and 64 with only 5 legs in
+// flight allowed, so that calls also end while waiting for a slot), and
+// Client.Close in the
 // middle of deep windows. One verdict each; a delivery that got a
 // resendable verdict (deadline before sending, ErrClosing) was never
 // handled unless its leg was in flight when Close interrupted it; a
 // cancelled or expired one handled at most once; the rest handled once,
 // in call order; no lane or goroutine left.
 func TestBreakerCallerEnds(t *testing.T) {
-	for _, w := range []int{1, 2, 32} {
-		t.Run(fmt.Sprintf("window%d", w), func(t *testing.T) {
+	for _, tc := range []struct{ w, slots int }{{1, 256}, {2, 256}, {32, 256}, {64, 5}} {
+		w := tc.w
+		t.Run(fmt.Sprintf("window%d-slots%d", w, tc.slots), func(t *testing.T) {
 			s := natstest.RunServer(t)
 			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{})
 			nc := natstest.Connect(t, s)
 			base := runtime.NumGoroutine()
 			c, err := NewClient(Config{Conn: nc, Resolver: StaticResolver{Node: n.ID()}}, WithWindow(w), WithLogger(bkQuiet),
-				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}))
+				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithMaxInFlight(tc.slots))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1036,4 +1039,117 @@ func TestBreakerLinkChaos(t *testing.T) {
 			t.Logf("window %d: %d link drops; client %+v; %v", w, k, c.Stats(), tally)
 		})
 	}
+}
+
+// TestBreakerDuplicateIDs: a caller that reuses delivery IDs inside a
+// window (a misuse the protocol tolerates: the reuse vanishes with an
+// Accepted reply). A reused ID is answered from the intake's dedupe
+// without being handled again and without advancing the lane, so the leg
+// behind it is refused out of order and re-sent: nothing hangs, every
+// call gets one verdict, every ID is handled once, in the order of its
+// first use; a Request reusing the ID of a plain delivery gets no response
+// (it ends at its deadline), one reusing the ID of a Request in flight
+// fails at once (bad request).
+func TestBreakerDuplicateIDs(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{})
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(8), WithLogger(bkQuiet),
+		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}))
+	const addr = subjects.Address("rec/dup")
+	type dcall struct {
+		id    string
+		first int // the index of the first call with this ID
+		kind  bkKind
+		k     *bkCall
+	}
+	var calls []*dcall
+	for i := range 400 {
+		d := &dcall{id: fmt.Sprint("dup-", i), first: i, kind: bkAsync}
+		switch {
+		case i%7 == 6:
+			d.id, d.first = calls[i-3].id, calls[i-3].first // reused inside the window
+		case i%23 == 22:
+			d.kind = bkRequest
+			d.id, d.first = calls[i-1].id, calls[i-1].first // a Request reusing a plain delivery's ID
+		}
+		d.k = &bkCall{id: d.id, idx: i, kind: d.kind, done: make(chan struct{}), payload: bkPayload(0, i, 0)}
+		calls = append(calls, d)
+	}
+	for _, d := range calls {
+		ctx := context.Background()
+		if d.kind == bkRequest {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+			defer cancel()
+		}
+		bkSend(ctx, c, d.k, Delivery{ID: d.id, To: addr, Payload: d.k.payload})
+	}
+	// Two Requests under one ID at once: the second fails before sending.
+	gate := make(chan struct{})
+	rec.mu.Lock()
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		if d.ID == "dup-req" {
+			<-gate
+		}
+		return nil
+	}
+	rec.mu.Unlock()
+	first := c.DeliverAsync(context.Background(), Delivery{ID: "dup-warm", To: addr})
+	reqDone := make(chan error, 1)
+	go func() {
+		_, err := c.Request(context.Background(), Delivery{ID: "dup-req", To: addr, Stream: "r"})
+		reqDone <- err
+	}()
+	natstest.Eventually(t, 10*time.Second, func() bool { return rec.executions("dup-req") == 1 }, "the first request handled")
+	if _, err := c.Request(context.Background(), Delivery{ID: "dup-req", To: addr, Stream: "r"}); !errors.Is(err, verdict.ErrBadRequest) {
+		t.Errorf("a second Request under an ID in flight: %v, want bad-request", err)
+	}
+	close(gate)
+	if err := <-reqDone; err != nil {
+		t.Errorf("the first request: %v", err)
+	}
+	if r := <-first; r.Err != nil {
+		t.Error(r.Err)
+	}
+	tally := map[string]int{}
+	for _, d := range calls {
+		select {
+		case <-d.k.done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s (#%d): no verdict", d.id, d.k.idx)
+		}
+		if v := d.k.verdicts.Load(); v != 1 {
+			t.Errorf("%s (#%d): %d verdicts", d.id, d.k.idx, v)
+		}
+		reused := d.first != d.k.idx
+		tally[fmt.Sprint(bkKindNames[d.kind], " reused ", reused, ": ", verdictName(d.k.err))]++
+		switch {
+		case d.kind == bkRequest:
+			if !bkTimeout(d.k.err) {
+				t.Errorf("%s (#%d, a Request reusing a delivery's ID): %v, want its deadline", d.id, d.k.idx, d.k.err)
+			}
+		case d.k.err != nil:
+			t.Errorf("%s (#%d): %v", d.id, d.k.idx, d.k.err)
+		}
+	}
+	bkSettled(t, c, n.Host())
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	next := 0
+	for _, d := range rec.handled[addr] {
+		var i int
+		if _, err := fmt.Sscanf(d.ID, "dup-%d", &i); err != nil {
+			continue
+		}
+		if i < next {
+			t.Errorf("dup-%d handled after dup-%d", i, next-1)
+		}
+		next = i + 1
+	}
+	for _, d := range calls {
+		if n := rec.count[d.id]; n != 1 {
+			t.Errorf("%s: handled %d times", d.id, n)
+		}
+	}
+	t.Logf("%v; host refused %v, dedupe hits %d", tally, n.Host().Stats().RefusedByReason, n.Host().Stats().DedupeHits)
 }
