@@ -8,22 +8,28 @@ import (
 )
 
 // DefaultBreakerRate is the storm breaker's default limit: deliveries per
-// second per (sender, target, type, stream) key (DESIGN §5).
+// second per (sender, target, type, stream) key (DESIGN §5), counted over
+// the legs that are not in a windowed lane (no HeaderLane).
 //
-// It sits above anything a lane-ordered sender can produce on one key, so
-// ordinary traffic never trips it. A mesh sender keeps one leg in flight per
-// lane (address, stream) and waits for its verdict before sending the next,
-// so one key from a mesh sender carries at most one delivery per round trip:
-// about 18 000/s in process on the CI machine (BENCHMARKS.md: sequential
-// Deliver p50 54 µs), less over any real network. A lower default would
-// refuse, as Ignored, a plain sequential sender: at 1 000/s,
-// BenchmarkSequential and `meshctl bench -c 1` fail within their first
-// second. Above that pace a key comes from a sender that does not wait for
-// its verdicts — a client without lanes pipelining or looping as fast as
-// it can — and that is what the default trips on. (A loop through mesh
-// senders is paced by its lanes like any sequential sender; no per-key rate
-// tells the two apart.) The refusal is cheap — no activation, no inbox
-// slot — so the flood cannot take more than the rate's share of the
+// What the breaker is for is a sender that does not wait for its verdicts:
+// a client without lanes pipelining or looping as fast as it can (the
+// seeds' resubscribe storms). A one-leg-at-a-time sender — `nats req`, a
+// sequential mesh caller, whose legs carry no HeaderLane — carries at most
+// one delivery per round trip on a key: about 18 000/s in process on the CI
+// machine, less over any real network; the default sits above that, so
+// ordinary traffic never trips it. A lower default would refuse, as
+// Ignored, a plain sequential sender: at 1 000/s, BenchmarkSequential and
+// `meshctl bench -c 1` fail within their first second.
+//
+// A windowed lane (DESIGN §4) is a mesh sender's pipelining by design: up
+// to W legs per round trip, each sequence-checked by the intake (a re-sent
+// leg is refused out of order or answered from the dedupe window, never
+// handled again), so its rate is the throughput the window exists to give —
+// one pipelined lane did about 19 000–35 000/s on a loaded 2-core machine,
+// and more on a quiet or larger one. Counted, it would trip the default on
+// a fast machine and refuse a healthy lane Ignored (terminal), so windowed
+// legs are not counted. The refusal is cheap — no activation, no inbox
+// slot — so a flood cannot take more than the rate's share of the
 // address's inbox from other keys. A deployment that knows its traffic sets
 // Config.BreakerRate lower to catch slower storms.
 const DefaultBreakerRate = 50_000

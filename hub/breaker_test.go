@@ -389,3 +389,70 @@ func TestWireStormBreaker(t *testing.T) {
 		t.Errorf("final stats %+v", st)
 	}
 }
+
+// TestBreakerSkipsWindowedLegs: a windowed lane's legs (Mesh-Lane, in
+// sequence) are not counted by the storm breaker — a healthy pipelined lane
+// is never refused Ignored however fast it goes — while the same key's legs
+// without Mesh-Lane are, over the rate, in the same frozen window; and a
+// windowed leg still goes through the lane check (out of sequence:
+// out-of-order, not counted either).
+func TestBreakerSkipsWindowedLegs(t *testing.T) {
+	const rate = 5
+	s := natstest.RunServer(t, natstest.WithoutJetStream())
+	nc := natstest.Connect(t, s)
+	h, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "h", Generation: 6}, BreakerRate: rate, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newFakeClock()
+	h.breaker = newBreaker(rate, clk.now) // frozen: one window throughout
+	var handled atomic.Int64
+	if err := h.Register("echo", func(ctx context.Context, addr subjects.Address) (Hub, error) {
+		return HandlerFunc(func(ctx context.Context, d *Delivery) error { handled.Add(1); return nil }), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	send := func(id, lane string) error {
+		t.Helper()
+		m := nats.NewMsg(subjects.DefaultPrefix.Delivery(h.Node(), "echo/win", "s"))
+		m.Header.Set(HeaderID, id)
+		m.Header.Set(HeaderAnswerTo, "mesh.v1.ans.fast.1")
+		if lane != "" {
+			m.Header.Set(HeaderLane, lane)
+		}
+		r, err := nc.RequestMsg(m, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, verr := verdict.Decode(r.Header)
+		return verr
+	}
+	const windowed = 20 * rate
+	for i := 1; i <= windowed; i++ {
+		if err := send(fmt.Sprintf("w-%d", i), fmt.Sprintf("ep1/%d", i)); err != nil {
+			t.Fatalf("windowed leg %d of %d (rate %d): %v", i, windowed, rate, err)
+		}
+	}
+	if err := send("w-gap", "ep1/999"); !errors.Is(err, verdict.ErrOutOfOrder) {
+		t.Fatalf("windowed leg out of sequence: %v, want out-of-order", err)
+	}
+	var accepted, refused int
+	for i := 0; i < 3*rate; i++ {
+		switch err := send(fmt.Sprintf("p-%d", i), ""); {
+		case err == nil:
+			accepted++
+		case errors.Is(err, verdict.ErrStormBreaker) && verdict.Classify(err) == verdict.Ignored:
+			refused++
+		default:
+			t.Fatalf("unwindowed leg %d: %v", i, err)
+		}
+	}
+	if accepted != rate || refused != 2*rate {
+		t.Errorf("unwindowed legs in the window: %d accepted, %d refused; want %d and %d (the windowed ones were not counted)", accepted, refused, rate, 2*rate)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return handled.Load() == windowed+rate }, "every accepted delivery handled")
+}

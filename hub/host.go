@@ -83,8 +83,9 @@ type Config struct {
 	Fence func() error
 	// BreakerRate is the storm breaker's limit in deliveries per second per
 	// (sender, target, type, stream) key; over it the intake refuses Ignored
-	// (verdict.ErrStormBreaker). Zero means DefaultBreakerRate; negative
-	// turns the breaker off.
+	// (verdict.ErrStormBreaker). Legs in a windowed lane (HeaderLane) are
+	// not counted (DefaultBreakerRate says why). Zero means
+	// DefaultBreakerRate; negative turns the breaker off.
 	BreakerRate int
 	// ParkPerAddress bounds the deliveries parked on one cold address
 	// while its claim is in flight; past it the intake refuses Ignored
@@ -349,7 +350,8 @@ func (h *Host) intake(m *nats.Msg) {
 		h.duplicate(m, e, r)
 		return
 	}
-	if b := h.breaker; b != nil {
+	if b := h.breaker; b != nil && e.seq == 0 {
+		// Windowed legs (HeaderLane) are not counted: see DefaultBreakerRate.
 		k := keyOf(&e.Delivery)
 		if ok, tripped := b.allow(k); !ok {
 			if tripped {

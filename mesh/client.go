@@ -251,7 +251,8 @@ func (c *Client) deliverBy(ctx context.Context, deadline time.Time, d *Delivery,
 	return c.run(ctx, start, deadline, d, key, t, f)
 }
 
-// Result is the outcome of [Client.DeliverAsync].
+// Result is the outcome of [Client.DeliverAsync] and
+// [Client.DeliverAsyncFunc].
 type Result struct {
 	Receipt
 	Err error
@@ -260,8 +261,22 @@ type Result struct {
 // DeliverAsync joins d's lane at once, in call order, and delivers it in the
 // background exactly as [Client.Deliver] would; the returned channel (buffer
 // 1) receives its one Result. It does not block, so one goroutine can
-// pipeline many deliveries on a lane and they are sent in the order of the
-// DeliverAsync calls. ctx bounds the whole delivery, as for Deliver.
+// pipeline many deliveries on a lane and they are sent — and handled by the
+// hub — in the order of the DeliverAsync calls; up to the window (default
+// 32, [WithWindow]) are in flight at once, the rest wait in the lane.
+//
+// Results arrive as deliveries settle, which need not be call order: a
+// refusal of one (inbox full, storm breaker: Ignored, never re-sent) or its
+// timeout fails it alone while the deliveries behind it go on (DESIGN §4).
+//
+// ctx bounds the whole delivery from the call, as for Deliver: deliveries
+// queued behind a long lane spend their deadline waiting, and one whose
+// deadline passes before its leg is sent fails with
+// verdict.ErrDeadlineUnsent (resendable: nothing was sent). DeliverAsync
+// never blocks the caller, so nothing bounds how many wait in a lane but
+// memory (about 650 B each): a producer faster than the destination should
+// bound itself (a semaphore released from the Result, or [Client.Deliver],
+// which blocks while the window is full).
 func (c *Client) DeliverAsync(ctx context.Context, d Delivery) <-chan Result {
 	out := make(chan Result, 1)
 	c.deliverAsync(ctx, d, &asyncCall{out: out})
@@ -272,6 +287,8 @@ func (c *Client) DeliverAsync(ctx context.Context, d Delivery) <-chan Result {
 // Result, on a goroutine of the client (or on the caller's, before
 // DeliverAsyncFunc returns, if d fails validation or the client is
 // closing). done must not block for long: it runs where the delivery ran.
+// Callbacks of one lane run as its deliveries settle, not necessarily in
+// call order (see DeliverAsync); the hub handles them in call order.
 func (c *Client) DeliverAsyncFunc(ctx context.Context, d Delivery, done func(Result)) {
 	c.deliverAsync(ctx, d, &asyncCall{done: done})
 }
@@ -697,7 +714,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	if err := ctx.Err(); errors.Is(err, context.Canceled) {
 		f.mu.Unlock()
 		<-c.sem
-		return false, err
+		return false, fmt.Errorf("cancelled before the leg was sent: %w", err)
 	}
 	// An event (departure, link drop, closing) ends the wait for the reply
 	// through f.wake: no per-leg context.

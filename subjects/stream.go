@@ -3,8 +3,8 @@ package subjects
 // StreamIdentity returns the identity under which a delivery sent on stream
 // s shares a stream with other deliveries to the same address. It is the one
 // function through which both keys that care read it (DESIGN §5): the
-// sender's lane key (package mesh: one leg in flight per address and stream
-// identity) and the hub's storm-breaker key (package hub: one per-second
+// sender's lane key (package mesh: one ordered lane, up to a window of legs
+// in flight, per address and stream identity) and the hub's storm-breaker key (package hub: one per-second
 // counter per sender, target, type and stream identity).
 //
 // Today the identity is the stream itself. The empty stream is not "no

@@ -90,12 +90,16 @@ every delivery is refused not-owner); else the owner of --to, found by one
 warm-up delivery through the ingress (which activates --to there); else the
 first node (by name) that hosts the kind of --to. The client caps legs in
 flight at 256, as any mesh client does by default, and does not retry: a
-refusal is counted under its verdict and reason.
+refusal is counted under its verdict and reason. A delivery counts as
+Accepted when the hub took it into its inbox (DESIGN §5: answer on
+acceptance); a handler that then fails it (e.g. kv/… takes only the types
+set, delete and get) shows in the node's log, not here.
 
 --baseline also runs the same shape (-n requests, -c concurrent requesters,
 the same payload) as plain NATS requests to a responder inside meshctl that
 answers at once, and prints the ratios mesh/raw: what the mesh costs over
-bare request/reply on this server.
+bare request/reply on this server. Above -c 256 the shapes differ: the mesh
+client keeps at most 256 legs in flight, raw has -c requests in flight.
 
 Progress: a bar on stderr when it is a terminal, else a line on stderr each
 second. The target's control endpoint is pinged every 500 ms: a target that
@@ -612,7 +616,11 @@ func printBench(g *globals, f benchFlags, out benchOutput) error {
 	if out.Mesh.Deliveries < f.n {
 		count = fmt.Sprintf("%d of %d", out.Mesh.Deliveries, f.n)
 	}
-	fmt.Fprintf(w, "%s deliveries of %d bytes to %s on node %s over %d lanes\n\n", count, f.size, out.Mesh.Target, out.Mesh.Node, out.Mesh.Concurrency)
+	lanes := "lanes"
+	if out.Mesh.Concurrency == 1 {
+		lanes = "lane"
+	}
+	fmt.Fprintf(w, "%s deliveries of %d bytes to %s on node %s over %d %s\n\n", count, f.size, out.Mesh.Target, out.Mesh.Node, out.Mesh.Concurrency, lanes)
 	t := newTable(w, "RUN", "DELIVERIES", "ELAPSED", "PER SECOND", "P50", "P90", "P99", "MAX", "VERDICTS")
 	rows := []struct {
 		name string
