@@ -1153,3 +1153,69 @@ func TestBreakerDuplicateIDs(t *testing.T) {
 	}
 	t.Logf("%v; host refused %v, dedupe hits %d", tally, n.Host().Stats().RefusedByReason, n.Host().Stats().DedupeHits)
 }
+
+// TestBreakerHotLane: the benchmark's shape — one lane (address, stream)
+// with hundreds of concurrent callers, each making its own sequence of
+// Deliver, Request and DeliverAsync calls — steady, then with the client's
+// link dropped every 20 ms. Pooled flights, tickets, lanes, leg messages
+// and reply slots are reused at the highest rate here. Each caller's calls
+// are handled in its order, once; every plain delivery is accepted; a
+// Request ends with its response or, after a drop, outcome-unknown.
+func TestBreakerHotLane(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		callers, depth int
+		chaos          bool
+	}{{"steady", 256, 16, false}, {"link-chaos", 128, 8, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := natstest.RunServer(t)
+			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{})
+			nc := natstest.Connect(t, s, nats.ReconnectWait(5*time.Millisecond), nats.MaxReconnects(-1))
+			c := newClient(t, nc, StaticResolver{Node: n.ID()}, WithLogger(bkQuiet), WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 200}))
+			stop := make(chan struct{})
+			drops := make(chan int, 1)
+			go func() {
+				k := 0
+				defer func() { drops <- k }()
+				for tc.chaos {
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+					_ = nc.ForceReconnect()
+					k++
+				}
+			}()
+			lanes := make([]subjects.Address, tc.callers)
+			sts := make([]subjects.Stream, tc.callers)
+			for i := range lanes {
+				lanes[i] = "rec/hot"
+			}
+			calls := bkLanes(c, lanes, sts, tc.depth, func(l, i int) []byte { return bkPayload(l, i, 0) },
+				func(l, i int) bkKind {
+					return []bkKind{bkDeliver, bkDeliver, bkRequest, bkAsync}[bkHash(tc.name, l, i)%4]
+				}, nil, "hot"+tc.name)
+			close(stop)
+			k := <-drops
+			unknown := func(k *bkCall) bool {
+				return tc.chaos && k.kind == bkRequest && errors.Is(k.err, verdict.ErrOutcomeUnknown)
+			}
+			tally := bkCheck(t, rec, lanes, calls, bkRules{mayHold: unknown})
+			for _, lane := range calls {
+				for _, k := range lane {
+					if k.err != nil && !unknown(k) {
+						t.Errorf("%s (%s): %v", k.id, bkKindNames[k.kind], k.err)
+					}
+				}
+			}
+			natstest.Eventually(t, 10*time.Second, nc.IsConnected, "reconnected")
+			bkSettled(t, c, n.Host())
+			hs := n.Host().Stats()
+			if !tc.chaos && (hs.DedupeHits != 0 || hs.Refused != 0) {
+				t.Errorf("steady: %d dedupe hits, refused %v", hs.DedupeHits, hs.RefusedByReason)
+			}
+			t.Logf("%s: %d calls, %d link drops; host refused %v, %d dedupe hits; %v", tc.name, tc.callers*tc.depth, k, hs.RefusedByReason, hs.DedupeHits, tally)
+		})
+	}
+}
