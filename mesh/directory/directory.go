@@ -634,7 +634,13 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 			}
 			d.mu.Unlock()
 		} else if errors.Is(err, jetstream.ErrKeyExists) {
-			d.standDown(addr, "claim re-created by another node")
+			// The key has an entry after all: the read was stale (on a
+			// replicated bucket a replica that lags answers direct gets
+			// too) or someone wrote it since. Judge by what it holds;
+			// a read that still finds nothing cannot tell.
+			if c, cur, err := d.read(ctx, addr); err == nil && cur != 0 {
+				d.check(ctx, o, c, cur)
+			}
 		}
 	case c.Owner == self:
 		// Ours at another revision (re-claimed through another

@@ -333,3 +333,63 @@ func TestLastOf(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestVerifyStaleRead: a read that missed one of this node's claims (a
+// replica lagging behind answers direct gets on a replicated bucket) makes
+// the verifier re-create it; the create finds the entry, and the verifier
+// judges by what it holds: still this node's claim — kept, no stand-down;
+// another live generation's — stand down.
+func TestVerifyStaleRead(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	join := func(name string) *membership.Membership {
+		mb, err := membership.Join(ctx, membership.Config{Conn: nc, Name: name, Kinds: []string{"echo"}, Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(mb.Close)
+		return mb
+	}
+	a, b := join("a"), join("b")
+	natstest.Eventually(t, 5*time.Second, func() bool { return a.Alive(b.Self().Node) }, "b not seen alive")
+	var mu sync.Mutex
+	var lost []subjects.Address
+	d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: time.Hour, Logger: quiet, OnLost: func(addr subjects.Address) {
+		mu.Lock()
+		lost = append(lost, addr)
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	mine, theirs := subjects.Address("echo/mine"), subjects.Address("echo/theirs")
+	for _, addr := range []subjects.Address{mine, theirs} {
+		if owner, err := d.Claim(ctx, addr); err != nil || owner != a.Self().Node {
+			t.Fatalf("claim %s: %v %v", addr, owner, err)
+		}
+	}
+	stolen, _ := json.Marshal(Claim{Owner: b.Self().Node, Claimed: time.Now().UTC()})
+	if _, err := d.kv.Put(ctx, key(theirs), stolen); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	held := map[subjects.Address]uint64{mine: d.owned[mine], theirs: d.owned[theirs]}
+	d.mu.Unlock()
+	for _, addr := range []subjects.Address{mine, theirs} {
+		d.check(ctx, ownedClaim{addr, held[addr]}, Claim{}, 0) // what a stale read reports
+	}
+	d.mu.Lock()
+	rev, kept := d.owned[mine]
+	_, still := d.owned[theirs]
+	d.mu.Unlock()
+	if !kept || rev != held[mine] {
+		t.Fatalf("own claim after a stale read: kept %v at revision %d (was %d)", kept, rev, held[mine])
+	}
+	if still || !slices.Equal(lostOf(&mu, &lost), []subjects.Address{theirs}) {
+		t.Fatalf("a claim another live generation holds: still owned %v, lost %v", still, lostOf(&mu, &lost))
+	}
+}
