@@ -432,7 +432,9 @@ func TestBreakerIntakeFaults(t *testing.T) {
 // address into a tiny inbox behind a slow handler, and into a low storm
 // breaker: refusals (inbox-full, storm-breaker: Ignored, never re-sent)
 // fall anywhere in the windows. Each fails alone; the rest is handled once,
-// in call order.
+// in call order. (The breaker counts only legs outside a windowed lane:
+// here it can refuse a lane's lone legs, the first of each burst, and must
+// leave its windowed legs alone.)
 func TestBreakerOverload(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
