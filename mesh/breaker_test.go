@@ -176,7 +176,7 @@ func bkCheck(t *testing.T, rec *recorder, lanes []subjects.Address, calls [][]*b
 		}
 		n := rec.count[k.id]
 		name := verdictName(k.err)
-		if k.err != nil && rules.lates != nil && rules.lates.get(k.id) != nil {
+		if k.err == nil && rules.lates != nil && rules.lates.get(k.id) != nil {
 			name = "late:" + verdictName(rules.lates.get(k.id))
 		}
 		tally[k.note+":"+bkKindNames[k.kind]+":"+name]++
@@ -1220,4 +1220,54 @@ func TestBreakerHotLane(t *testing.T) {
 			t.Logf("%s: %d calls, %d link drops; host refused %v, %d dedupe hits; %v", tc.name, tc.callers*tc.depth, k, hs.RefusedByReason, hs.DedupeHits, tally)
 		})
 	}
+}
+
+// TestBreakerSlowFailingBuilds: windows into addresses whose hub takes
+// longer to build than a leg's timeout, and whose every other build fails.
+// The intake answers on acceptance, so no leg waits for a build; the
+// deliveries accepted while a build that fails was running each get one
+// late activation-failed (never handled), and the lane goes on into the
+// next build, handled in call order.
+func TestBreakerSlowFailingBuilds(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{})
+	var builds atomic.Int64
+	if err := n.Register("slow", func(ctx context.Context, addr subjects.Address) (hub.Hub, error) {
+		b := builds.Add(1)
+		time.Sleep(400 * time.Millisecond) // the fault: a build slower than the leg timeout
+		if b%2 == 1 {
+			return nil, errors.New("breaker: the build failed")
+		}
+		return rec.factory(ctx, addr)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lates := &lateSet{}
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(16), WithLogger(bkQuiet), WithLegTimeout(300*time.Millisecond),
+		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
+	if _, err := c.Deliver(context.Background(), Delivery{To: "rec/warm"}); err != nil {
+		t.Fatal(err) // the client learns the node's answer key
+	}
+	lanes := []subjects.Address{"slow/a", "slow/a", "slow/b"}
+	sts := []subjects.Stream{"1", "2", ""}
+	calls := bkLanes(c, lanes, sts, 60, func(l, i int) []byte { return bkPayload(l, i, 0) }, mixedKinds("build"), nil, "bd")
+	tally := bkCheck(t, rec, lanes, calls, bkRules{lates: lates})
+	failedLate := 0
+	for _, lane := range calls {
+		for _, k := range lane {
+			err := k.err
+			if err == nil {
+				err = lates.get(k.id)
+			}
+			switch {
+			case err == nil, bkTimeout(err):
+			case errors.Is(err, verdict.ErrActivationFailed):
+				failedLate++
+			default:
+				t.Errorf("%s (%s): %v", k.id, bkKindNames[k.kind], err)
+			}
+		}
+	}
+	bkSettled(t, c, n.Host())
+	t.Logf("%d builds, %d deliveries failed with theirs; host late %v; %v", builds.Load(), failedLate, n.Host().Stats().LateByReason, tally)
 }
