@@ -11,14 +11,14 @@ import (
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
-// TestRedirectToOwner: a sender places an uncached address without reading
-// the directory; where the address is not where placement puts it (held by
-// another live generation: activated locally there), the placed node's
-// claim refuses "not the owner" naming the owner, and the sender re-sends
-// there at once (no back-off, one attempt more) and remembers it (the next
-// delivery goes straight there). Nothing is ever handled on the placed node,
-// and it does not activate the address. Addresses across the three nodes'
-// placements, each sent from every node (the owner's own sender included).
+// TestRedirectToOwner: a sender whose cached owner of an address is stale
+// (the address moved to another live node meanwhile) meets "not the owner"
+// naming the new owner, and re-sends there at once (DESIGN §5: "the sender
+// re-resolves at once"; one attempt more, no back-off) and remembers it
+// (the next delivery goes straight there). Nothing is handled on the old
+// owner, which does not activate the address again. Addresses across the
+// three nodes, each moved from its placement to the next node, sent from
+// every node (the new owner's own sender included).
 func TestRedirectToOwner(t *testing.T) {
 	s := natstest.RunServer(t)
 	rec := newRecorder()
@@ -30,36 +30,47 @@ func TestRedirectToOwner(t *testing.T) {
 	defer sameGenerations(t, idsOf(a, b, c), a, b, c)
 	ids := map[subjects.NodeID]*Node{a.ID(): a, b.ID(): b, c.ID(): c}
 	ctx := context.Background()
-	moved := 0
 	for i := range 30 {
 		addr := subjects.Address(fmt.Sprintf("rec/r%d", i))
 		placed, ok := directory.Place(addr, a.Members().Hosting("rec"))
 		if !ok {
 			t.Fatal("no placement")
 		}
-		// The owner: the next node after the placed one (so never it).
-		var owner *Node
+		var old, owner *Node
 		for j, n := range nodes {
 			if n.ID() == placed {
-				owner = nodes[(j+1)%len(nodes)]
+				old, owner = n, nodes[(j+1)%len(nodes)]
 			}
 		}
-		release, err := owner.Host().Activate(ctx, addr)
-		if err != nil {
-			t.Fatal(err)
+		// Every sender learns the placed node as owner (the second
+		// delivery of the first sender reads the claim the first made).
+		for _, from := range append(nodes, nodes[0]) {
+			if r, err := from.Deliver(ctx, Delivery{To: addr}); err != nil || r.Node != old.ID() {
+				t.Fatalf("%s from %s: %+v %v; want accepted by %s", addr, from.ID(), r, err, old.ID())
+			}
 		}
+		natstest.Eventually(t, 10*time.Second, func() bool {
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			return len(rec.handled[addr]) == len(nodes)+1
+		}, "%s: the old owner's deliveries handled", addr)
+		// The address moves: the old owner stands down, the new one holds it.
+		old.Host().Deactivate(addr)
+		var release func()
+		natstest.Eventually(t, 10*time.Second, func() bool {
+			var err error
+			release, err = owner.Host().Activate(ctx, addr)
+			return err == nil
+		}, "%s: activating on %s after the old owner released it", addr, owner.ID())
 		for _, from := range nodes {
 			before := from.Client.Stats().Retries
 			r, err := from.Deliver(ctx, Delivery{To: addr})
 			if err != nil {
 				t.Fatalf("%s from %s: %v", addr, from.ID(), err)
 			}
-			want := 2 // placed node refused, then the owner
-			switch {
-			case from == owner:
-				want = 1 // its own claim is in its cache
-			case from.ID() == placed && from != nodes[0]:
-				want = 1 // its claim met the owner's when it refused an earlier sender
+			want := 2 // the stale owner refused, then the owner
+			if from == owner || from == old {
+				want = 1 // its own claim is in its cache; the old owner forgot its own
 			}
 			if r.Node != owner.ID() || r.Attempts != want {
 				t.Fatalf("%s from %s: accepted by %s in %d attempts, want %s in %d", addr, from.ID(), r.Node, r.Attempts, owner.ID(), want)
@@ -76,7 +87,7 @@ func TestRedirectToOwner(t *testing.T) {
 		natstest.Eventually(t, 10*time.Second, func() bool {
 			rec.mu.Lock()
 			defer rec.mu.Unlock()
-			return len(rec.handled[addr]) == 6
+			return len(rec.handled[addr]) == 10
 		}, "%s: not all handled", addr)
 		for id, n := range ids {
 			has := false
@@ -87,7 +98,5 @@ func TestRedirectToOwner(t *testing.T) {
 				t.Fatalf("%s active on %s: %v (owner %s)", addr, id, has, owner.ID())
 			}
 		}
-		moved++
 	}
-	t.Logf("%d addresses redirected from their placement to their owner", moved)
 }

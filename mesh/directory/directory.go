@@ -310,17 +310,15 @@ func (d *Directory) Owned() int {
 	return len(d.owned)
 }
 
-// Resolve returns addr's owner: from the cache if that generation is
-// alive, else the node placement picks among the live nodes that host its
-// kind (mesh.Resolver). It reads the directory only when no live node
-// hosts the kind (an address activated locally, e.g. a subscriber's own):
-// a placed node claims the address before it accepts, and if another live
-// generation owns it, it refuses "not the owner" naming that owner, which
-// the sender learns (Redirect) and sends to at once — one hop more only
-// for an address that is not where placement puts it. Errors:
-// verdict.ErrNoPlacement when no live node hosts the kind and the
-// directory names no live owner, verdict.ErrDirectoryUnavailable when the
-// directory cannot be read or this node's own link is down.
+// Resolve returns addr's owner (DESIGN §5 "Resolve and place"): from the
+// cache if that generation is alive, else from the directory if its owner
+// is alive, else the node placement picks among the live nodes that host
+// its kind (mesh.Resolver). A placed node that finds another live
+// generation owning addr meanwhile refuses "not the owner" naming it, which
+// the sender learns (Redirect) and sends to at once. Errors:
+// verdict.ErrNoPlacement when no live node hosts the kind,
+// verdict.ErrDirectoryUnavailable when the directory cannot be read or this
+// node's own link is down.
 func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
 	if v, ok := d.cache.Load(addr); ok {
 		n := v.(subjects.NodeID)
@@ -333,9 +331,6 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 		// Our own link is down: no node can be reached, nor the
 		// directory its claim needs. Nothing is sent: resendable.
 		return subjects.NodeID{}, unavailable("read", nats.ErrDisconnected)
-	}
-	if n, ok := Place(addr, d.members.Hosting(addr.Kind())); ok {
-		return n, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	c, rev, err := d.read(rctx, addr)
@@ -354,7 +349,11 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 		d.cache.Store(addr, c.Owner)
 		return c.Owner, nil
 	}
-	return subjects.NodeID{}, &verdict.Error{Reason: verdict.ReasonNoPlacement, Message: fmt.Sprintf("no live node hosts kind %q", addr.Kind())}
+	n, ok := Place(addr, d.members.Hosting(addr.Kind()))
+	if !ok {
+		return subjects.NodeID{}, &verdict.Error{Reason: verdict.ReasonNoPlacement, Message: fmt.Sprintf("no live node hosts kind %q", addr.Kind())}
+	}
+	return n, nil
 }
 
 // Redirect records owner as addr's owner if that generation is alive, and
