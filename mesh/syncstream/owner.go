@@ -3,10 +3,13 @@ package syncstream
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/mesh"
@@ -366,6 +369,52 @@ func (o *Owner) flush(ob *outbox, p []byte) {
 	}
 }
 
+// Telling a dropped subscriber: DropNoticeAttempts closed frames at most,
+// the first at once, then DropNoticeBackoff doubling to 5 s between them.
+const (
+	DropNoticeAttempts = 8
+	DropNoticeBackoff  = 100 * time.Millisecond
+)
+
+// tellDropped tells a subscriber whose frame delivery failed (so it missed
+// frames, and the owner dropped it) to subscribe again, with a closed frame
+// of this activation's epoch on its lane — behind whatever of the lane is
+// still in flight — so that it is never silently stale (DESIGN §7): it
+// resubscribes and gets a snapshot. A subscriber too slow to take it (its
+// inbox full, a timeout: why it was dropped) is told again after a
+// back-off; one that cannot be reached at all (the mesh's own re-sends
+// failed: its node is gone, and its subscriptions re-arm with their
+// session) or refuses it for good is left.
+func (o *Owner) tellDropped(ob *outbox, epoch uint64) {
+	f := Frame{Epoch: epoch, Closed: true}
+	d := mesh.Delivery{From: o.self, To: ob.sub, Stream: ob.stream, Type: TypeFrames, Payload: AppendFrames(nil, f),
+		Idempotent: true}
+	if ob.legacy {
+		d.Type, d.Payload = TypeFrame, encode(f)
+	}
+	wait := DropNoticeBackoff
+	for i := 0; i < DropNoticeAttempts; i++ {
+		d.ID = "" // a fresh delivery each time: the last one was not taken
+		_, err := o.sender.Deliver(context.Background(), d)
+		switch {
+		case err == nil:
+			o.log.Info("sync-stream subscriber told to subscribe again", "owner", string(o.self), "subscriber", string(ob.sub), "stream", string(ob.stream))
+			return
+		case verdict.Classify(err) != verdict.Ignored && !timedOut(err):
+			return // unreachable or refused for good
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 5*time.Second)
+	}
+	o.log.Warn("sync-stream subscriber dropped and not told: it refused every notice", "owner", string(o.self), "subscriber", string(ob.sub), "stream", string(ob.stream))
+}
+
+// timedOut reports whether err is a delivery's timeout (DESIGN §3: the
+// callee may hold it), not the caller's cancellation.
+func timedOut(err error) bool {
+	return !errors.Is(err, context.Canceled) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
+}
+
 // deliver hands one payload to the client on the lane (subscriber, stream);
 // DeliverAsyncFunc keeps the call order and pipelines the lane's deliveries,
 // with no goroutine of their own while they wait. When a delivery settles
@@ -385,8 +434,10 @@ func (o *Owner) deliver(ob *outbox, p []byte) {
 			if st := o.streams[ob.stream]; st != nil {
 				st.remove(ob)
 			}
+			epoch := o.epoch
 			o.mu.Unlock()
 			o.log.Info("sync-stream subscriber dropped", "owner", string(o.self), "subscriber", string(ob.sub), "stream", string(ob.stream), "err", fmt.Sprint(r.Err))
+			go o.tellDropped(ob, epoch)
 			return
 		}
 		var next []byte
