@@ -9,7 +9,8 @@ import (
 
 // DefaultBreakerRate is the storm breaker's default limit: deliveries per
 // second per (sender, target, type, stream) key (DESIGN §5), counted over
-// the legs that are not in a windowed lane (no HeaderLane).
+// the legs that do not continue a windowed lane (no HeaderLane, or the
+// first of an epoch).
 //
 // What the breaker is for is a sender that does not wait for its verdicts:
 // a client without lanes pipelining or looping as fast as it can (the
@@ -27,8 +28,11 @@ import (
 // handled again), so its rate is the throughput the window exists to give —
 // one pipelined lane did about 19 000–35 000/s on a loaded 2-core machine,
 // and more on a quiet or larger one. Counted, it would trip the default on
-// a fast machine and refuse a healthy lane Ignored (terminal), so windowed
-// legs are not counted. The refusal is cheap — no activation, no inbox
+// a fast machine and refuse a healthy lane Ignored (terminal), so a lane's
+// legs after the first of its epoch are not counted. The first of each
+// epoch is: a client stamping every leg as a new epoch's first counts as
+// one that gives none, and a leg out of sequence is refused out-of-order
+// before anything of it is handled. The refusal is cheap — no activation, no inbox
 // slot — so a flood cannot take more than the rate's share of the
 // address's inbox from other keys. A deployment that knows its traffic sets
 // Config.BreakerRate lower to catch slower storms.

@@ -390,12 +390,14 @@ func TestWireStormBreaker(t *testing.T) {
 	}
 }
 
-// TestBreakerSkipsWindowedLegs: a windowed lane's legs (Mesh-Lane, in
-// sequence) are not counted by the storm breaker — a healthy pipelined lane
-// is never refused Ignored however fast it goes — while the same key's legs
-// without Mesh-Lane are, over the rate, in the same frozen window; and a
-// windowed leg still goes through the lane check (out of sequence:
-// out-of-order, not counted either).
+// TestBreakerSkipsWindowedLegs: the legs of a windowed lane past its
+// epoch's first (Mesh-Lane, in sequence) are not counted by the storm
+// breaker — a healthy pipelined lane is never refused Ignored however fast
+// it goes — while the first leg of every epoch is, like a leg without
+// Mesh-Lane: in one frozen window, the lane's first leg, legs that each
+// claim a fresh epoch (a client trying to pass as a windowed lane) and
+// plain legs share the rate; a leg out of sequence is refused
+// out-of-order.
 func TestBreakerSkipsWindowedLegs(t *testing.T) {
 	const rate = 5
 	s := natstest.RunServer(t, natstest.WithoutJetStream())
@@ -432,7 +434,7 @@ func TestBreakerSkipsWindowedLegs(t *testing.T) {
 		return verr
 	}
 	const windowed = 20 * rate
-	for i := 1; i <= windowed; i++ {
+	for i := 1; i <= windowed; i++ { // the first counts: 1 of rate
 		if err := send(fmt.Sprintf("w-%d", i), fmt.Sprintf("ep1/%d", i)); err != nil {
 			t.Fatalf("windowed leg %d of %d (rate %d): %v", i, windowed, rate, err)
 		}
@@ -441,18 +443,25 @@ func TestBreakerSkipsWindowedLegs(t *testing.T) {
 		t.Fatalf("windowed leg out of sequence: %v, want out-of-order", err)
 	}
 	var accepted, refused int
-	for i := 0; i < 3*rate; i++ {
-		switch err := send(fmt.Sprintf("p-%d", i), ""); {
+	count := func(name string, i int, err error) {
+		t.Helper()
+		switch {
 		case err == nil:
 			accepted++
 		case errors.Is(err, verdict.ErrStormBreaker) && verdict.Classify(err) == verdict.Ignored:
 			refused++
 		default:
-			t.Fatalf("unwindowed leg %d: %v", i, err)
+			t.Fatalf("%s leg %d: %v", name, i, err)
 		}
 	}
-	if accepted != rate || refused != 2*rate {
-		t.Errorf("unwindowed legs in the window: %d accepted, %d refused; want %d and %d (the windowed ones were not counted)", accepted, refused, rate, 2*rate)
+	for i := 0; i < 2*rate; i++ { // each claims a fresh epoch: counted
+		count("fresh-epoch", i, send(fmt.Sprintf("e-%d", i), fmt.Sprintf("fresh%d/1", i)))
 	}
-	natstest.Eventually(t, 5*time.Second, func() bool { return handled.Load() == windowed+rate }, "every accepted delivery handled")
+	for i := 0; i < 2*rate; i++ {
+		count("plain", i, send(fmt.Sprintf("p-%d", i), ""))
+	}
+	if accepted != rate-1 || refused != 4*rate-(rate-1) {
+		t.Errorf("counted legs in the window: %d accepted, %d refused; want %d and %d (the lane's first leg took one, its others none)", accepted, refused, rate-1, 4*rate-(rate-1))
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool { return handled.Load() == int64(windowed+accepted) }, "every accepted delivery handled")
 }

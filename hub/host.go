@@ -350,8 +350,9 @@ func (h *Host) intake(m *nats.Msg) {
 		h.duplicate(m, e, r)
 		return
 	}
-	if b := h.breaker; b != nil && e.seq == 0 {
-		// Windowed legs (HeaderLane) are not counted: see DefaultBreakerRate.
+	if b := h.breaker; b != nil && e.seq <= 1 {
+		// A windowed lane's legs past its epoch's first are not counted
+		// (DefaultBreakerRate): what they carry was sequence-checked in.
 		k := keyOf(&e.Delivery)
 		if ok, tripped := b.allow(k); !ok {
 			if tripped {
