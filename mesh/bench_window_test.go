@@ -148,12 +148,12 @@ func BenchmarkColdActivationConcurrent(b *testing.B) {
 	}
 	ctx := context.Background()
 	var next atomic.Int64
-	cpu := processCPU()
+	cpu := natstest.ProcessCPU()
 	runWorkers(b, 256, func(int) error {
 		_, err := n.Deliver(ctx, Delivery{To: subjects.Address("rec/c" + strconv.FormatInt(next.Add(1), 10))})
 		return err
 	})
-	if cpu := processCPU() - cpu; cpu > 0 {
+	if cpu := natstest.ProcessCPU() - cpu; cpu > 0 {
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 	}
 }

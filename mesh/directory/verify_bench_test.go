@@ -50,12 +50,12 @@ func BenchmarkVerify(b *testing.B) {
 			}
 			wg.Wait()
 			b.ResetTimer()
-			cpu := processCPU()
+			cpu := natstest.ProcessCPU()
 			for range b.N {
 				d.verify()
 			}
 			b.StopTimer()
-			cpu = processCPU() - cpu
+			cpu = natstest.ProcessCPU() - cpu
 			if d.Owned() != claims {
 				b.Fatalf("%d claims held after the passes, want %d", d.Owned(), claims)
 			}
