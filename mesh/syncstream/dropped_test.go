@@ -75,19 +75,13 @@ func TestDroppedSubscriberResubscribes(t *testing.T) {
 	for i := range 40 {
 		o.Publish("", []byte(fmt.Sprint(i)))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, v := ss.Position()
-		if v == o.Version("") {
-			break
-		}
-		if time.Now().After(deadline) {
+	natstest.Eventually(t, 10*time.Second, func() bool { _, v := ss.Position(); return v == o.Version("") },
+		"subscriber caught up with the owner: %v", lazy(func() string {
+			_, v := ss.Position()
 			applied, stale, resubs := ss.Stats()
-			t.Fatalf("subscriber stale at version %d, owner at %d (applied %d, stale %d, resubscribes %d, subscribers %d)",
+			return fmt.Sprintf("stale at version %d, owner at %d (applied %d, stale %d, resubscribes %d, subscribers %d)",
 				v, o.Version(""), applied, stale, resubs, o.Subscribers(""))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		}))
 	if _, _, resubs := ss.Stats(); resubs == 0 {
 		t.Errorf("caught up without resubscribing")
 	}
@@ -95,3 +89,8 @@ func TestDroppedSubscriberResubscribes(t *testing.T) {
 	defer mu.Unlock()
 	t.Logf("deltas applied past a refused one before the resubscription's snapshot: %v", gaps)
 }
+
+// lazy is a message argument formatted only when printed.
+type lazy func() string
+
+func (f lazy) String() string { return f() }
