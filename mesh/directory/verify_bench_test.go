@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
-	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -26,11 +25,7 @@ func BenchmarkVerify(b *testing.B) {
 			nc := natstest.Connect(b, s)
 			ctx := context.Background()
 			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-			mb, err := membership.Join(ctx, membership.Config{Conn: nc, Name: "a", Kinds: []string{"echo"}, Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second, Logger: quiet})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer mb.Close()
+			mb := joinEcho(b, ctx, nc, "a")
 			d, err := Open(ctx, Config{Conn: nc, Members: mb, VerifyInterval: time.Hour, perKey: perKey, Logger: quiet})
 			if err != nil {
 				b.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
@@ -65,15 +66,7 @@ func TestVerifyBatches(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-			join := func(name string) *membership.Membership {
-				mb, err := membership.Join(ctx, membership.Config{Conn: nc, Name: name, Kinds: []string{"echo"}, Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second, Logger: quiet})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(mb.Close)
-				return mb
-			}
-			a, b := join("a"), join("b")
+			a, b := joinEcho(t, ctx, nc, "a"), joinEcho(t, ctx, nc, "b")
 			natstest.Eventually(t, 5*time.Second, func() bool { return a.Alive(b.Self().Node) }, "b not seen alive")
 			var mu sync.Mutex
 			var lost []subjects.Address
@@ -202,6 +195,19 @@ func TestVerifyBatches(t *testing.T) {
 }
 
 // snapshot reads the whole directory bucket (present keys only).
+// joinEcho joins nc's mesh as node name hosting kind echo (heartbeat
+// 100 ms, a TTL no test outlasts) and leaves when tb ends.
+func joinEcho(tb testing.TB, ctx context.Context, nc *nats.Conn, name string) *membership.Membership {
+	tb.Helper()
+	mb, err := membership.Join(ctx, membership.Config{Conn: nc, Name: name, Kinds: []string{"echo"}, Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(mb.Close)
+	return mb
+}
+
 func snapshot(ctx context.Context, d *Directory) (map[string]lastEntry, error) {
 	w, err := d.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
@@ -251,11 +257,7 @@ func TestLastOf(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	mb, err := membership.Join(ctx, membership.Config{Conn: nc, Name: "a", Kinds: []string{"echo"}, Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mb.Close)
+	mb := joinEcho(t, ctx, nc, "a")
 	d, err := Open(ctx, Config{Conn: nc, Members: mb, VerifyInterval: time.Hour, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -345,15 +347,7 @@ func TestVerifyStaleRead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	join := func(name string) *membership.Membership {
-		mb, err := membership.Join(ctx, membership.Config{Conn: nc, Name: name, Kinds: []string{"echo"}, Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second, Logger: quiet})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(mb.Close)
-		return mb
-	}
-	a, b := join("a"), join("b")
+	a, b := joinEcho(t, ctx, nc, "a"), joinEcho(t, ctx, nc, "b")
 	natstest.Eventually(t, 5*time.Second, func() bool { return a.Alive(b.Self().Node) }, "b not seen alive")
 	var mu sync.Mutex
 	var lost []subjects.Address
