@@ -304,7 +304,15 @@ func bkNode(t *testing.T, nc *nats.Conn, hc hub.Config) (*Node, *recorder) {
 // bkNamedNode is bkNode with a name.
 func bkNamedNode(t *testing.T, nc *nats.Conn, name string, hc hub.Config) (*Node, *recorder) {
 	t.Helper()
-	n, err := NewNode(NodeConfig{Conn: nc, Name: name, Host: hc, DisableControl: true, DisableIngress: true, Logger: bkQuiet})
+	return bkStartNode(t, NodeConfig{Conn: nc, Name: name, Host: hc})
+}
+
+// bkStartNode starts a node of cfg (quiet, without control and ingress)
+// hosting a recorder as kind rec, closed when t ends.
+func bkStartNode(t *testing.T, cfg NodeConfig, opts ...Option) (*Node, *recorder) {
+	t.Helper()
+	cfg.DisableControl, cfg.DisableIngress, cfg.Logger = true, true, bkQuiet
+	n, err := NewNode(cfg, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -902,19 +910,8 @@ func TestBreakerColdWindows(t *testing.T) {
 			s := natstest.RunServer(t)
 			nc := natstest.Connect(t, s)
 			mc := steadyMembership
-			n, err := NewNode(NodeConfig{Conn: nc, Name: "cold", Membership: &mc, Logger: bkQuiet, DisableControl: true, DisableIngress: true,
-				Host: hub.Config{ParkPerAddress: tc.park}}, WithWindow(8), WithLogger(bkQuiet), WithRetry(RetryPolicy{MaxRetries: 20}), WithClock(&fakeClock{}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec := newRecorder()
-			if err := n.Register("rec", rec.factory); err != nil {
-				t.Fatal(err)
-			}
-			if err := n.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = n.Close() })
+			n, rec := bkStartNode(t, NodeConfig{Conn: nc, Name: "cold", Membership: &mc, Host: hub.Config{ParkPerAddress: tc.park}},
+				WithWindow(8), WithLogger(bkQuiet), WithRetry(RetryPolicy{MaxRetries: 20}), WithClock(&fakeClock{}))
 			lanes := make([]subjects.Address, tc.addrs)
 			sts := make([]subjects.Stream, tc.addrs)
 			for i := range lanes {
