@@ -44,8 +44,9 @@ type activation struct {
 	running    bool // a turn goroutine is draining the inbox
 	holds      int  // explicit holds pin the activation
 	lastActive time.Time
-	building   bool // the build goroutine has not returned: deactivate waits for it
-	done       bool // deactivate ran
+	building   bool       // the build goroutine has not returned: deactivate waits for it
+	done       bool       // deactivate ran
+	claim      ClaimToken // the claim this activation holds (zero without Claims)
 
 	stateHandle *State // durable state, once LoadState took it over (state.go)
 
@@ -372,6 +373,7 @@ func (a *activation) deactivate() {
 	}
 	a.done = true
 	hub := a.hub
+	tok := a.claim
 	a.mu.Unlock()
 	h := a.host
 	h.deactivated.Add(1)
@@ -380,9 +382,16 @@ func (a *activation) deactivate() {
 		d.Deactivate(ctx)
 		cancel()
 	}
-	if c := h.cfg.Claims; c != nil {
-		c.Release(a.addr)
+	if c := h.cfg.Claims; c != nil && !tok.IsZero() {
+		c.Release(tok)
 	}
+}
+
+// claimToken returns the claim the activation holds.
+func (a *activation) claimToken() ClaimToken {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.claim
 }
 
 // handlerVerdict is the response verdict of a handler's error. A handler

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/nats-io/nats.go"
 
@@ -23,11 +24,18 @@ import (
 // activations, and an immediate re-send would feed the overload it reports;
 // nothing was accepted, so the caller may try again later at its own pace.
 
-// claimOp is a cold address whose claim is in flight.
+// claimOp is a cold address whose claim is in flight. done is closed once
+// it ended; refusal is then why no activation was built (nil: built).
 type claimOp struct {
 	addr    subjects.Address
 	factory Factory
 	parked  []parkedDelivery
+	done    chan struct{}
+	refusal error
+}
+
+func newClaimOp(addr subjects.Address, f Factory) *claimOp {
+	return &claimOp{addr: addr, factory: f, done: make(chan struct{})}
 }
 
 // parkedDelivery is a delivery waiting for its address's claim.
@@ -60,7 +68,7 @@ func (h *Host) park(m *nats.Msg, e *entry) (parked bool, err error) {
 	}
 	op := h.claiming[addr]
 	if op == nil {
-		op = &claimOp{addr: addr, factory: f}
+		op = newClaimOp(addr, f)
 		h.claiming[addr] = op
 		h.wg.Add(1)
 		go h.runClaim(op)
@@ -79,12 +87,12 @@ func (h *Host) park(m *nats.Msg, e *entry) (parked bool, err error) {
 func (h *Host) runClaim(op *claimOp) {
 	defer h.wg.Done()
 	addr := op.addr
-	var owner subjects.NodeID
+	var g Grant
 	var err error
 	select {
 	case h.claimSem <- struct{}{}:
 		ctx, cancel := context.WithTimeout(h.ctx, ClaimTimeout)
-		owner, err = h.cfg.Claims.Claim(ctx, addr)
+		g, err = h.cfg.Claims.Claim(ctx, addr)
 		cancel()
 		<-h.claimSem
 	case <-h.ctx.Done():
@@ -94,8 +102,11 @@ func (h *Host) runClaim(op *claimOp) {
 	switch {
 	case err != nil:
 		refusal = claimFailed(addr, err)
-	case owner != h.cfg.Node:
-		refusal = &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "address " + string(addr) + " is owned by " + owner.String(), Node: owner.String()}
+	case g.Owner != h.cfg.Node:
+		refusal = &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "address " + string(addr) + " is owned by " + g.Owner.String(), Node: g.Owner.String()}
+	case g.Token.IsZero() || g.Token.Addr != addr:
+		refusal = claimFailed(addr, fmt.Errorf("the claim returned no token for %s", addr))
+		g.Token = ClaimToken{}
 	}
 	type outcome struct {
 		p        parkedDelivery
@@ -112,9 +123,10 @@ func (h *Host) runClaim(op *claimOp) {
 	var a *activation
 	release := false
 	if refusal == nil {
-		a, refusal = h.newActivationLocked(addr, op.factory)
+		a, refusal = h.newActivationLocked(addr, op.factory, g.Token)
 		release = refusal != nil // claimed, then found the host draining
 	}
+	op.refusal = refusal
 	out := make([]outcome, 0, len(parked))
 	for _, p := range parked {
 		o := outcome{p: p}
@@ -142,8 +154,9 @@ func (h *Host) runClaim(op *claimOp) {
 		out = append(out, o)
 	}
 	h.mu.Unlock()
+	close(op.done)
 	if release {
-		h.cfg.Claims.Release(addr)
+		h.cfg.Claims.Release(g.Token)
 	}
 	for _, o := range out {
 		switch {

@@ -26,16 +26,17 @@ type gateClaims struct {
 	onClaim func(subjects.Address)
 
 	mu       sync.Mutex
-	held     map[subjects.Address]bool
+	held     map[subjects.Address]ClaimToken
+	next     uint64
 	inFlight int
 	peak     int
 }
 
 func newGateClaims(node subjects.NodeID) *gateClaims {
-	return &gateClaims{node: node, open: make(chan struct{}), held: map[subjects.Address]bool{}}
+	return &gateClaims{node: node, open: make(chan struct{}), held: map[subjects.Address]ClaimToken{}}
 }
 
-func (g *gateClaims) Claim(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+func (g *gateClaims) Claim(ctx context.Context, addr subjects.Address) (Grant, error) {
 	g.mu.Lock()
 	g.inFlight++
 	g.peak = max(g.peak, g.inFlight)
@@ -49,21 +50,25 @@ func (g *gateClaims) Claim(ctx context.Context, addr subjects.Address) (subjects
 		select {
 		case <-g.open:
 		case <-ctx.Done():
-			return subjects.NodeID{}, ctx.Err()
+			return Grant{}, ctx.Err()
 		}
 	}
 	if g.onClaim != nil {
 		g.onClaim(addr)
 	}
 	g.mu.Lock()
-	g.held[addr] = true
+	g.next++
+	tok := ClaimToken{Addr: addr, ID: g.next, Rev: g.next}
+	g.held[addr] = tok
 	g.mu.Unlock()
-	return g.node, nil
+	return Grant{Owner: g.node, Token: tok}, nil
 }
 
-func (g *gateClaims) Release(addr subjects.Address) {
+func (g *gateClaims) Release(t ClaimToken) {
 	g.mu.Lock()
-	delete(g.held, addr)
+	if g.held[t.Addr] == t {
+		delete(g.held, t.Addr)
+	}
 	g.mu.Unlock()
 }
 

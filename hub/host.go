@@ -36,14 +36,44 @@ const (
 // node activates an address it claims it. The membership layer implements it
 // with the KV directory; a nil Claims means this node owns every address
 // (one node). Implementations must be safe for concurrent use.
+//
+// Claims are tokens, not names (DESIGN §5, round 3): every claim this node
+// takes, or re-adopts, gets a ClaimToken of its own, and the activation
+// built on it is the only one that holds it. Release and stand-down name
+// the token, so an older activation of the same address on this node can
+// never release or stand down a claim a newer activation took.
 type Claims interface {
-	// Claim makes node the owner of addr, or returns the live owner that
-	// holds it (owner != node, err == nil). An error means the directory
-	// could not be read (the delivery is refused ShuttingDown).
-	Claim(ctx context.Context, addr subjects.Address) (owner subjects.NodeID, err error)
-	// Release gives up the claim on deactivation.
-	Release(addr subjects.Address)
+	// Claim makes node the owner of addr and returns the token of its
+	// claim, or returns the live owner that holds it (Grant.Owner !=
+	// node, zero Token, nil error). An error means the directory could
+	// not be read or written (the delivery is refused ShuttingDown).
+	Claim(ctx context.Context, addr subjects.Address) (Grant, error)
+	// Release gives up the claim t on deactivation. A token that is no
+	// longer the address's current claim on this node (a newer
+	// activation claimed it since) releases nothing.
+	Release(t ClaimToken)
 }
+
+// Grant is what a claim returned: the owner, and when that is this node,
+// the token of the claim.
+type Grant struct {
+	Owner subjects.NodeID
+	Token ClaimToken
+}
+
+// ClaimToken names one claim a Claims implementation issued: the address,
+// an identity unique to the claim within the issuing node, and the KV
+// revision the claim was written at when it was issued (the directory may
+// re-write it later under the same identity). The zero value names no
+// claim.
+type ClaimToken struct {
+	Addr subjects.Address
+	ID   uint64
+	Rev  uint64
+}
+
+// IsZero reports whether t names no claim.
+func (t ClaimToken) IsZero() bool { return t.ID == 0 }
 
 // Config holds a Host's settings. Conn and Node are required; every zero
 // field means its documented default.
@@ -574,7 +604,10 @@ func (h *Host) senderOf(answerTo string) string {
 }
 
 // activate returns the activation of addr, creating it (and starting its
-// build) if absent.
+// build) if absent. With Claims set it claims addr first, through the same
+// claim operation the intake parks deliveries on (claim.go): one claim per
+// address is in flight on a host at a time, and the activation it builds is
+// the only holder of its token.
 func (h *Host) activate(addr subjects.Address) (*activation, error) {
 	h.kindsMu.RLock()
 	f, ok := h.kinds[addr.Kind()]
@@ -582,39 +615,62 @@ func (h *Host) activate(addr subjects.Address) (*activation, error) {
 	if !ok {
 		return nil, verdict.New(verdict.ReasonUnknownKind, "node %s hosts no hub of kind %q", h.nodeID, addr.Kind())
 	}
-	if c := h.cfg.Claims; c != nil {
-		// Claim before accepting (DESIGN §5), bounded: the intake must
-		// not stall behind a directory that is electing a leader; the
-		// sender gets a resendable refusal and retries.
-		ctx, cancel := context.WithTimeout(h.ctx, ClaimTimeout)
-		owner, err := c.Claim(ctx, addr)
-		cancel()
-		if err != nil {
-			return nil, claimFailed(addr, err)
-		}
-		if owner != h.cfg.Node {
-			return nil, &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "address " + string(addr) + " is owned by " + owner.String(), Node: owner.String()}
-		}
+	if h.cfg.Claims == nil {
+		h.mu.Lock()
+		a, err := h.newActivationLocked(addr, f, ClaimToken{})
+		h.mu.Unlock()
+		return a, err
 	}
-	h.mu.Lock()
-	a, err := h.newActivationLocked(addr, f)
-	h.mu.Unlock()
-	if err != nil && h.cfg.Claims != nil {
-		h.cfg.Claims.Release(addr) // claimed, then found the host draining
+	for {
+		h.mu.Lock()
+		if h.draining || h.ctx.Err() != nil {
+			h.mu.Unlock()
+			return nil, verdict.New(verdict.ReasonHubShuttingDown, "node %s is draining", h.nodeID)
+		}
+		if a := h.activations[addr]; a != nil {
+			h.mu.Unlock()
+			return a, nil
+		}
+		op := h.claiming[addr]
+		if op == nil {
+			op = newClaimOp(addr, f)
+			h.claiming[addr] = op
+			h.wg.Add(1)
+			h.mu.Unlock()
+			h.runClaim(op)
+		} else {
+			h.mu.Unlock()
+			select {
+			case <-op.done:
+			case <-h.ctx.Done():
+				return nil, verdict.New(verdict.ReasonHubShuttingDown, "node %s is closing", h.nodeID)
+			}
+		}
+		if op.refusal != nil {
+			return nil, op.refusal
+		}
+		// Claimed and activated: look it up (it may be gone again).
 	}
-	return a, err
 }
 
 // newActivationLocked returns addr's activation, creating it and starting
-// its build if absent, or refuses while draining. Called with h.mu held.
-func (h *Host) newActivationLocked(addr subjects.Address, f Factory) (*activation, error) {
+// its build if absent, or refuses while draining. tok is the claim the
+// activation holds (zero without Claims); an activation already there takes
+// tok over, since it is now the address's current claim on this node.
+// Called with h.mu held.
+func (h *Host) newActivationLocked(addr subjects.Address, f Factory, tok ClaimToken) (*activation, error) {
 	if h.draining || h.ctx.Err() != nil {
 		return nil, verdict.New(verdict.ReasonHubShuttingDown, "node %s is draining", h.nodeID)
 	}
 	if a := h.activations[addr]; a != nil {
+		if !tok.IsZero() {
+			a.mu.Lock()
+			a.claim = tok
+			a.mu.Unlock()
+		}
 		return a, nil
 	}
-	a := &activation{host: h, addr: addr, state: stateBuilding, building: true}
+	a := &activation{host: h, addr: addr, state: stateBuilding, building: true, claim: tok}
 	h.activations[addr] = a
 	h.wg.Add(1)
 	go a.build(f)
@@ -814,8 +870,7 @@ func (h *Host) serving() error {
 
 // Deactivate removes addr's activation at once, if any: what it still had
 // queued fails late with ShuttingDown, the hub's Deactivate runs, and the
-// claim is released. Used when this node lost its claim on addr. It blocks
-// until a handler in progress returns.
+// claim is released. It blocks until a handler in progress returns.
 func (h *Host) Deactivate(addr subjects.Address) {
 	h.mu.Lock()
 	a := h.activations[addr]
@@ -835,6 +890,35 @@ func (h *Host) Deactivate(addr subjects.Address) {
 		time.Sleep(time.Millisecond)
 	}
 	a.deactivate()
+}
+
+// StandDown removes the activation that holds the claim t, if one still
+// does: this node lost that claim (the directory's verifier found it taken
+// or fenced). An activation of the same address holding a newer claim is
+// left alone. What the activation had queued fails late with a resendable
+// not-the-owner verdict; it starts no further turn. StandDown does not wait
+// for a turn in progress: that turn deactivates the hub and releases the
+// claim when it returns. Safe for concurrent use.
+func (h *Host) StandDown(t ClaimToken) {
+	h.mu.Lock()
+	a := h.activations[t.Addr]
+	if a == nil || a.claimToken().ID != t.ID {
+		h.mu.Unlock()
+		return
+	}
+	delete(h.activations, t.Addr)
+	h.mu.Unlock()
+	a.close(&verdict.Error{Reason: verdict.ReasonNotOwner, Message: fmt.Sprintf("activation %s on %s stood down before handling: its claim was lost", t.Addr, h.nodeID), Node: h.nodeID})
+	a.mu.Lock()
+	idle := !a.running
+	a.mu.Unlock()
+	if idle {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			a.deactivate()
+		}()
+	}
 }
 
 // Addresses returns the addresses with a live activation, in no order.

@@ -133,9 +133,9 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 	dir, err := directory.Open(ctx, directory.Config{
 		Conn: n.conn, Members: m, Prefix: n.prefix, Replicas: mc.Replicas, VerifyInterval: mc.VerifyInterval,
 		Logger: n.cfg.Logger,
-		OnLost: func(addr subjects.Address) {
+		OnLost: func(t hub.ClaimToken) {
 			if h := inc.host; h != nil {
-				h.Deactivate(addr)
+				h.StandDown(t) // the activation holding t only; never waits on its turn
 			}
 		},
 	})
@@ -213,17 +213,17 @@ func (c *lateClaims) get() *directory.Directory {
 	return c.dir
 }
 
-func (c *lateClaims) Claim(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+func (c *lateClaims) Claim(ctx context.Context, addr subjects.Address) (hub.Grant, error) {
 	d := c.get()
 	if d == nil {
-		return subjects.NodeID{}, errors.New("directory not open yet")
+		return hub.Grant{}, errors.New("directory not open yet")
 	}
 	return d.Claim(ctx, addr)
 }
 
-func (c *lateClaims) Release(addr subjects.Address) {
+func (c *lateClaims) Release(t hub.ClaimToken) {
 	if d := c.get(); d != nil {
-		d.Release(addr)
+		d.Release(t)
 	}
 }
 

@@ -33,6 +33,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
@@ -76,9 +77,10 @@ type Config struct {
 	// MaxVerifyBatch.
 	VerifyBatch int
 	perKey      bool // tests: verify one claim at a time, as on a server without batched reads
-	// OnLost is called (on the verifier goroutine) for an address whose
-	// claim this node lost: it must deactivate the address.
-	OnLost func(addr subjects.Address)
+	// OnLost is called (on the verifier goroutine) with the token of a
+	// claim this node lost: it must stand down the activation holding
+	// that token (hub.Host.StandDown), and must not block on its turns.
+	OnLost func(t hub.ClaimToken)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -103,8 +105,10 @@ type Directory struct {
 
 	cache sync.Map // subjects.Address -> subjects.NodeID
 
-	mu    sync.Mutex
-	owned map[subjects.Address]uint64 // address -> revision of our claim
+	mu      sync.Mutex
+	owned   map[subjects.Address]held     // address -> the claim this node holds on it
+	lastID  uint64                        // the last claim identity issued
+	unknown map[subjects.NodeID]time.Time // generations never seen alive -> when a claim of theirs was first read
 
 	invalid atomic.Int64 // claims that did not parse
 	foreign atomic.Int64 // own claims found overwritten by a writer that is no live generation
@@ -180,7 +184,7 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 		return nil, fmt.Errorf("directory: bucket: %w", err)
 	}
 	dctx, cancel := context.WithCancel(context.Background())
-	d := &Directory{cfg: cfg, kv: kv, members: cfg.Members, log: cfg.Logger, owned: map[subjects.Address]uint64{}, ctx: dctx, cancel: cancel,
+	d := &Directory{cfg: cfg, kv: kv, members: cfg.Members, log: cfg.Logger, owned: map[subjects.Address]held{}, unknown: map[subjects.NodeID]time.Time{}, ctx: dctx, cancel: cancel,
 		bucketSubj: "$KV." + BucketName(cfg.Prefix) + ".", directGet: "$JS.API.DIRECT.GET.KV_" + BucketName(cfg.Prefix)}
 	d.wg.Add(1)
 	go d.verifier()
@@ -224,82 +228,156 @@ func (d *Directory) parse(addr subjects.Address, rev uint64, v []byte) Claim {
 	return c
 }
 
-// Claim makes this node the owner of addr, or returns the live owner. A
-// claim naming a departed generation is replaced under a revision check,
+// held is one claim this node holds: the identity issued with its token
+// and the revision the entry is at now.
+type held struct {
+	id  uint64
+	rev uint64
+}
+
+// Claim makes this node the owner of addr and returns the token of the
+// claim, or returns the live owner (hub.Claims). The token is the claim's
+// own: a claim this node already held (an older activation of addr that is
+// being collected) is re-adopted only by re-writing it under a revision
+// check, so the new token names a revision the old one does not, and the
+// old activation's Release or stand-down is a no-op.
+//
+// A claim naming a departed generation is replaced under a revision check,
 // but not before the fencing delay after that departure
-// (membership.TakeoverAt): Claim waits for it, within ctx (hub.Claims).
-func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
+// (membership.TakeoverAt). A claim naming a generation this node has never
+// seen alive (a node that joined and claimed before this node's view of the
+// registry showed it) is not a departed one: it is replaced only after the
+// fencing delay counted from this node's first read of it, once this node's
+// registry view has caught up past that read (membership.UnseenTakeoverAt)
+// — by then a live one would be in the view. Claim waits for either within
+// ctx; it blocks on KV round trips.
+func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (hub.Grant, error) {
 	self := d.self()
 	b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
-	for range 5 {
+	for range 8 {
 		rev, err := d.kv.Create(ctx, key(addr), b)
 		if err == nil {
-			d.own(addr, rev)
-			return self, nil
+			return d.own(addr, rev), nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return subjects.NodeID{}, err
+			return hub.Grant{}, err
 		}
 		c, rev, err := d.read(ctx, addr)
 		if err != nil {
-			return subjects.NodeID{}, err
+			return hub.Grant{}, err
 		}
 		switch {
 		case rev == 0:
 			continue // released meanwhile: create again
 		case c.Owner == self:
-			d.own(addr, rev)
-			return self, nil
+			// Ours already (an older activation's, being released):
+			// re-adopt it by re-writing it, so the new token names a
+			// revision the older activation's release cannot delete.
+			nrev, err := d.kv.Update(ctx, key(addr), b, rev)
+			if err == nil {
+				return d.own(addr, nrev), nil
+			}
+			if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+				return hub.Grant{}, err
+			}
+			continue // released or re-written meanwhile: read again
 		case d.members.Alive(c.Owner):
 			d.cache.Store(addr, c.Owner)
-			return c.Owner, nil
+			return hub.Grant{Owner: c.Owner}, nil
 		}
-		// The owner departed: take over once it had time to fence itself
-		// (the fencing delay), under the revision check.
-		if wait := time.Until(d.members.TakeoverAt(c.Owner)); wait > 0 {
+		// Not alive: take over once it had time to fence itself (the
+		// fencing delay), under the revision check.
+		if wait := time.Until(d.takeoverAt(c.Owner)); wait > 0 {
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return subjects.NodeID{}, fmt.Errorf("directory: claim %s: owner %s departed and is within its fencing delay: %w", addr, c.Owner, ctx.Err())
+				return hub.Grant{}, fmt.Errorf("directory: claim %s: owner %s is not alive and is within its fencing delay: %w", addr, c.Owner, ctx.Err())
 			case <-t.C:
 			}
-			continue // read again: it may have been claimed meanwhile
+			continue // read again: it may have been claimed, or joined, meanwhile
 		}
 		nrev, err := d.kv.Update(ctx, key(addr), b, rev)
 		if err == nil {
-			d.own(addr, nrev)
-			return self, nil
+			return d.own(addr, nrev), nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return subjects.NodeID{}, err
+			return hub.Grant{}, err
 		}
 	}
-	return subjects.NodeID{}, fmt.Errorf("directory: claim %s: contended", addr)
+	return hub.Grant{}, fmt.Errorf("directory: claim %s: contended", addr)
 }
 
-func (d *Directory) own(addr subjects.Address, rev uint64) {
+// takeoverAt is when a claim naming owner, a generation that is not alive,
+// may be taken over: for a generation this node saw depart (or, by a newer
+// generation of its name, superseded), membership.TakeoverAt; for one it
+// has never seen, the fencing delay after this node first read a claim of
+// it, once its registry view caught up past that read.
+func (d *Directory) takeoverAt(owner subjects.NodeID) time.Time {
+	if d.members.Known(owner) {
+		return d.members.TakeoverAt(owner)
+	}
+	now := time.Now()
 	d.mu.Lock()
-	d.owned[addr] = rev
-	d.mu.Unlock()
-	d.cache.Store(addr, d.self())
-}
-
-// Release removes this node's claim on addr (hub.Claims), under a revision
-// check so a newer owner's claim survives.
-func (d *Directory) Release(addr subjects.Address) {
-	d.mu.Lock()
-	rev, ok := d.owned[addr]
-	delete(d.owned, addr)
-	d.mu.Unlock()
-	d.cache.CompareAndDelete(addr, d.self())
+	first, ok := d.unknown[owner]
 	if !ok {
+		first = now
+		if len(d.unknown) >= maxUnknown {
+			for n, at := range d.unknown { // bounded: forget the stale ones
+				if now.Sub(at) > d.members.TTL() {
+					delete(d.unknown, n)
+				}
+			}
+		}
+		d.unknown[owner] = first
+	}
+	d.mu.Unlock()
+	return d.members.UnseenTakeoverAt(first)
+}
+
+// maxUnknown bounds the generations never seen alive whose first read
+// Claim remembers before it prunes those older than the registry's TTL.
+const maxUnknown = 4096
+
+// own records a claim written at rev as this node's, under a new identity,
+// and returns its grant.
+func (d *Directory) own(addr subjects.Address, rev uint64) hub.Grant {
+	d.mu.Lock()
+	d.lastID++
+	id := d.lastID
+	d.owned[addr] = held{id: id, rev: rev}
+	d.mu.Unlock()
+	self := d.self()
+	d.cache.Store(addr, self)
+	return hub.Grant{Owner: self, Token: hub.ClaimToken{Addr: addr, ID: id, Rev: rev}}
+}
+
+// Holds reports whether t is this node's current claim on its address.
+func (d *Directory) Holds(t hub.ClaimToken) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	h, ok := d.owned[t.Addr]
+	return ok && h.id == t.ID
+}
+
+// Release removes the claim t (hub.Claims), if it is still this node's
+// current claim on its address, under a revision check so a newer owner's
+// claim survives. A token a newer activation's claim replaced releases
+// nothing. It blocks on one KV round trip (at most 2 s).
+func (d *Directory) Release(t hub.ClaimToken) {
+	d.mu.Lock()
+	h, ok := d.owned[t.Addr]
+	if !ok || h.id != t.ID {
+		d.mu.Unlock()
 		return
 	}
+	delete(d.owned, t.Addr)
+	d.mu.Unlock()
+	d.cache.CompareAndDelete(t.Addr, d.self())
 	ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
 	defer cancel()
-	if err := d.kv.Delete(ctx, key(addr), jetstream.LastRevision(rev)); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && d.ctx.Err() == nil {
-		d.log.Warn("release claim", "address", string(addr), "err", err)
+	if err := d.kv.Delete(ctx, key(t.Addr), jetstream.LastRevision(h.rev)); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && d.ctx.Err() == nil {
+		d.log.Warn("release claim", "address", string(t.Addr), "err", err)
 	}
 }
 
@@ -419,10 +497,11 @@ func (d *Directory) verifier() {
 	}
 }
 
-// owned is one claim this node holds: its address and the revision it
-// wrote.
+// ownedClaim is one claim this node holds, as the verifier read it: its
+// address, identity and the revision it wrote.
 type ownedClaim struct {
 	addr subjects.Address
+	id   uint64
 	rev  uint64
 }
 
@@ -432,8 +511,8 @@ type ownedClaim struct {
 func (d *Directory) verify() {
 	d.mu.Lock()
 	owned := make([]ownedClaim, 0, len(d.owned))
-	for a, r := range d.owned {
-		owned = append(owned, ownedClaim{a, r})
+	for a, h := range d.owned {
+		owned = append(owned, ownedClaim{a, h.id, h.rev})
 	}
 	d.mu.Unlock()
 	slices.SortFunc(owned, func(a, b ownedClaim) int { return cmp.Compare(a.rev, b.rev) })
@@ -627,11 +706,11 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 		// Lost (e.g. the bucket was lost): re-claim.
 		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
 		if nrev, err := d.kv.Create(ctx, key(addr), b); err == nil {
-			d.mu.Lock()
-			if _, still := d.owned[addr]; still {
-				d.owned[addr] = nrev
+			if !d.rewrote(o, nrev) {
+				// Released meanwhile: the entry just written is
+				// nobody's; take it back.
+				_ = d.kv.Delete(ctx, key(addr), jetstream.LastRevision(nrev))
 			}
-			d.mu.Unlock()
 		} else if errors.Is(err, jetstream.ErrKeyExists) {
 			// The key has an entry after all: the read was stale (on a
 			// replicated bucket a replica that lags answers direct gets
@@ -642,13 +721,11 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 			}
 		}
 	case c.Owner == self:
-		// Ours at another revision (re-claimed through another
-		// path): adopt it.
-		d.mu.Lock()
-		if _, still := d.owned[addr]; still {
-			d.owned[addr] = cur
-		}
-		d.mu.Unlock()
+		// Ours at another revision: a newer claim of this node
+		// (whose token is checked on its own), or an entry re-written
+		// for this one. Keep following it only while this claim is
+		// still the address's current one.
+		d.rewrote(o, cur)
 	case c.Owner.IsZero():
 		// Overwritten by something that is no claim at all (it does
 		// not parse): report it and re-write ours.
@@ -657,11 +734,9 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 			"address", string(addr), "revision", cur, "overwritten_total", n)
 		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
 		if nrev, err := d.kv.Update(ctx, key(addr), b, cur); err == nil {
-			d.mu.Lock()
-			if _, still := d.owned[addr]; still {
-				d.owned[addr] = nrev
+			if !d.rewrote(o, nrev) {
+				_ = d.kv.Delete(ctx, key(addr), jetstream.LastRevision(nrev))
 			}
-			d.mu.Unlock()
 		}
 	case !d.members.Alive(c.Owner):
 		// A claim of a generation this node does not see alive: an
@@ -669,20 +744,41 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 		// down is the safe side (two activations never serve).
 		n := d.foreign.Add(1)
 		d.log.Warn("own claim overwritten naming a generation that is not live; standing down", "address", string(addr), "claimed_by", c.Owner.String(), "overwritten_total", n)
-		d.standDown(addr, "claim overwritten by "+c.Owner.String())
+		d.standDown(o, "claim overwritten by "+c.Owner.String())
 	default:
-		d.standDown(addr, "claim overwritten by "+c.Owner.String())
+		d.standDown(o, "claim overwritten by "+c.Owner.String())
 	}
 }
 
-func (d *Directory) standDown(addr subjects.Address, why string) {
+// rewrote records that o's claim is now at revision rev, if o is still the
+// address's current claim on this node; it reports whether it was.
+func (d *Directory) rewrote(o ownedClaim, rev uint64) bool {
 	d.mu.Lock()
-	delete(d.owned, addr)
+	defer d.mu.Unlock()
+	h, ok := d.owned[o.addr]
+	if !ok || h.id != o.id {
+		return false
+	}
+	d.owned[o.addr] = held{id: o.id, rev: rev}
+	return true
+}
+
+// standDown gives up o's claim and tells OnLost to stand down the
+// activation holding it, if o is still the address's current claim on this
+// node (a newer claim of the address is verified on its own).
+func (d *Directory) standDown(o ownedClaim, why string) {
+	d.mu.Lock()
+	h, ok := d.owned[o.addr]
+	if !ok || h.id != o.id {
+		d.mu.Unlock()
+		return
+	}
+	delete(d.owned, o.addr)
 	d.mu.Unlock()
-	d.cache.CompareAndDelete(addr, d.self())
-	d.log.Warn("claim lost: standing down", "address", string(addr), "why", why)
+	d.cache.CompareAndDelete(o.addr, d.self())
+	d.log.Warn("claim lost: standing down", "address", string(o.addr), "why", why)
 	if f := d.cfg.OnLost; f != nil {
-		f(addr)
+		f(hub.ClaimToken{Addr: o.addr, ID: o.id, Rev: o.rev})
 	}
 }
 

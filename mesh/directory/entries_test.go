@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -30,9 +31,9 @@ func TestClaimOverwrittenByForeignWriter(t *testing.T) {
 	t.Cleanup(mb.Close)
 	var mu sync.Mutex
 	var lost []subjects.Address
-	d, err := Open(ctx, Config{Conn: nc, Members: mb, VerifyInterval: 20 * time.Millisecond, Logger: quiet, OnLost: func(a subjects.Address) {
+	d, err := Open(ctx, Config{Conn: nc, Members: mb, VerifyInterval: 20 * time.Millisecond, Logger: quiet, OnLost: func(tk hub.ClaimToken) {
 		mu.Lock()
-		lost = append(lost, a)
+		lost = append(lost, tk.Addr)
 		mu.Unlock()
 	}})
 	if err != nil {
@@ -40,8 +41,8 @@ func TestClaimOverwrittenByForeignWriter(t *testing.T) {
 	}
 	t.Cleanup(d.Close)
 	addr := subjects.Address("echo/owned")
-	if owner, err := d.Claim(ctx, addr); err != nil || owner != mb.Self().Node {
-		t.Fatalf("claim: %v %v", owner, err)
+	if g, err := d.Claim(ctx, addr); err != nil || g.Owner != mb.Self().Node {
+		t.Fatalf("claim: %v %v", g, err)
 	}
 	for i, v := range []string{
 		"garbage",

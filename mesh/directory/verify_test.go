@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -73,9 +74,9 @@ func TestVerifyBatches(t *testing.T) {
 			// Passes are run by hand (d.verify), so that all tampering is
 			// in place before one pass, which must act on all of it.
 			d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: time.Hour, VerifyBatch: tc.batch, perKey: tc.perKey, Logger: quiet,
-				OnLost: func(addr subjects.Address) {
+				OnLost: func(tk hub.ClaimToken) {
 					mu.Lock()
-					lost = append(lost, addr)
+					lost = append(lost, tk.Addr)
 					mu.Unlock()
 				}})
 			if err != nil {
@@ -90,8 +91,8 @@ func TestVerifyBatches(t *testing.T) {
 				wg.Go(func() {
 					for i := w; i < tc.claims; i += 16 {
 						addr := subjects.Address(fmt.Sprintf("echo/v.%d", i)) // a dot: the key is an encoded token
-						if owner, err := d.Claim(ctx, addr); err != nil || owner != a.Self().Node {
-							errs <- fmt.Errorf("claim %d: %v %v", i, owner, err)
+						if g, err := d.Claim(ctx, addr); err != nil || g.Owner != a.Self().Node {
+							errs <- fmt.Errorf("claim %d: %v %v", i, g, err)
 						}
 					}
 				})
@@ -103,8 +104,8 @@ func TestVerifyBatches(t *testing.T) {
 			}
 			d.mu.Lock()
 			var held []ownedClaim
-			for addr, rev := range d.owned {
-				held = append(held, ownedClaim{addr, rev})
+			for addr, h := range d.owned {
+				held = append(held, ownedClaim{addr, h.id, h.rev})
 			}
 			d.mu.Unlock()
 			slices.SortFunc(held, func(x, y ownedClaim) int { return cmp.Compare(x.rev, y.rev) })
@@ -351,9 +352,9 @@ func TestVerifyStaleRead(t *testing.T) {
 	natstest.Eventually(t, 5*time.Second, func() bool { return a.Alive(b.Self().Node) }, "b not seen alive")
 	var mu sync.Mutex
 	var lost []subjects.Address
-	d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: time.Hour, Logger: quiet, OnLost: func(addr subjects.Address) {
+	d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: time.Hour, Logger: quiet, OnLost: func(tk hub.ClaimToken) {
 		mu.Lock()
-		lost = append(lost, addr)
+		lost = append(lost, tk.Addr)
 		mu.Unlock()
 	}})
 	if err != nil {
@@ -362,8 +363,8 @@ func TestVerifyStaleRead(t *testing.T) {
 	t.Cleanup(d.Close)
 	mine, theirs := subjects.Address("echo/mine"), subjects.Address("echo/theirs")
 	for _, addr := range []subjects.Address{mine, theirs} {
-		if owner, err := d.Claim(ctx, addr); err != nil || owner != a.Self().Node {
-			t.Fatalf("claim %s: %v %v", addr, owner, err)
+		if g, err := d.Claim(ctx, addr); err != nil || g.Owner != a.Self().Node {
+			t.Fatalf("claim %s: %v %v", addr, g, err)
 		}
 	}
 	stolen, _ := json.Marshal(Claim{Owner: b.Self().Node, Claimed: time.Now().UTC()})
@@ -371,17 +372,18 @@ func TestVerifyStaleRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.mu.Lock()
-	held := map[subjects.Address]uint64{mine: d.owned[mine], theirs: d.owned[theirs]}
+	held := map[subjects.Address]held{mine: d.owned[mine], theirs: d.owned[theirs]}
 	d.mu.Unlock()
 	for _, addr := range []subjects.Address{mine, theirs} {
-		d.check(ctx, ownedClaim{addr, held[addr]}, Claim{}, 0) // what a stale read reports
+		d.check(ctx, ownedClaim{addr, held[addr].id, held[addr].rev}, Claim{}, 0) // what a stale read reports
 	}
 	d.mu.Lock()
-	rev, kept := d.owned[mine]
+	h, kept := d.owned[mine]
+	rev := h.rev
 	_, still := d.owned[theirs]
 	d.mu.Unlock()
-	if !kept || rev != held[mine] {
-		t.Fatalf("own claim after a stale read: kept %v at revision %d (was %d)", kept, rev, held[mine])
+	if !kept || rev != held[mine].rev {
+		t.Fatalf("own claim after a stale read: kept %v at revision %d (was %d)", kept, rev, held[mine].rev)
 	}
 	if still || !slices.Equal(lostOf(&mu, &lost), []subjects.Address{theirs}) {
 		t.Fatalf("a claim another live generation holds: still owned %v, lost %v", still, lostOf(&mu, &lost))

@@ -93,18 +93,45 @@ func (m *Membership) seen(rev uint64) bool {
 			return false
 		}
 		if m.seenRev.CompareAndSwap(cur, rev) {
+			m.cover(rev)
 			return true
 		}
 	}
 }
 
-// wroteOwn records a successful write of this node's entry at rev. The
-// lag starts at the oldest own write the watcher has not delivered.
-func (m *Membership) wroteOwn(rev uint64) {
+// wroteOwn records a successful write of this node's entry at rev, issued
+// at start. The lag starts at the oldest own write the watcher has not
+// delivered.
+func (m *Membership) wroteOwn(rev uint64, start time.Time) {
 	if m.seenRev.Load() >= m.ownRev.Load() {
 		m.ownRevAt.Store(time.Now().UnixNano())
 	}
 	m.ownRev.Store(rev)
+	m.covMu.Lock()
+	if rev > m.lastOwn.rev {
+		m.lastOwn.rev, m.lastOwn.start = rev, start
+	}
+	m.covMu.Unlock()
+	m.cover(m.seenRev.Load())
+}
+
+// cover advances the view's coverage once the watcher delivered revision
+// seen: if that reaches this node's last own write, every write that
+// completed before that write was issued has been delivered too (the
+// watcher delivers in stream order).
+func (m *Membership) cover(seen uint64) {
+	m.covMu.Lock()
+	if m.lastOwn.rev != 0 && seen >= m.lastOwn.rev && m.lastOwn.start.After(m.covered) {
+		m.covered = m.lastOwn.start
+	}
+	m.covMu.Unlock()
+}
+
+// departedMemory is how long a departure is remembered (Known, and a late
+// write of a departed generation ignored): a few TTLs, at least the fencing
+// delay. The map is pruned on each departure.
+func (m *Membership) departedMemory() time.Duration {
+	return max(m.cfg.FencingDelay, 4*m.cfg.TTL)
 }
 
 // blindAfter is how long the watcher may lag this node's own successful

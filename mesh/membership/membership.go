@@ -295,7 +295,17 @@ type Membership struct {
 	seenRev  atomic.Uint64
 	ownRev   atomic.Uint64
 	ownRevAt atomic.Int64
-	rewatch  chan struct{}
+	// The view's coverage (UnseenTakeoverAt): lastOwn is this node's last
+	// successful write (its revision, and when it was issued); covered
+	// is the issue time of the newest own write the watcher delivered —
+	// every registry write that completed before it is in the view.
+	covMu   sync.Mutex
+	lastOwn struct {
+		rev   uint64
+		start time.Time
+	}
+	covered time.Time
+	rewatch chan struct{}
 	// rewatches counts watcher restarts for blindness.
 	rewatches atomic.Int64
 
@@ -322,8 +332,9 @@ type Membership struct {
 // liveMember is a live generation and when the registry clock last saw it.
 type liveMember struct {
 	Member
-	seen time.Duration // registry clock at its last entry write
-	rev  uint64        // the revision of that write
+	seen  time.Duration // registry clock at its last entry write
+	rev   uint64        // the revision of that write
+	since time.Time     // when this node first saw the generation (wall clock)
 }
 
 // OpenBucket creates or binds the registry bucket: memory storage, the
@@ -659,6 +670,7 @@ func (m *Membership) register(ctx context.Context) error {
 		m.wroteValue(b)
 		m.wmu.Unlock()
 		confirmed := m.cfg.Conn.Stats().Reconnects
+		start := time.Now()
 		var rev uint64
 		if prev == 0 {
 			rev, err = m.kv.Create(ctx, name, b)
@@ -676,7 +688,7 @@ func (m *Membership) register(ctx context.Context) error {
 		m.mu.Lock()
 		m.rev, m.confirmed = rev, confirmed
 		m.mu.Unlock()
-		m.wroteOwn(rev)
+		m.wroteOwn(rev, start)
 		return nil
 	}
 	return fmt.Errorf("membership: register %q: too many concurrent registrations", name)
@@ -864,16 +876,64 @@ func (m *Membership) Gone(node subjects.NodeID) bool {
 
 // TakeoverAt returns when this node may take over addresses claimed by
 // node, a generation that is not alive: its departure as this node learned
-// it plus the fencing delay (for a departure before this node joined, its
-// join plus the fencing delay). The zero time means at once.
+// it plus the fencing delay; for a generation superseded by a newer one of
+// its name, when this node first saw the newer one plus the fencing delay;
+// and never before this node's own join plus the fencing delay. The zero
+// time means at once. A generation this node does not know (Known false)
+// is judged by UnseenTakeoverAt instead.
 func (m *Membership) TakeoverAt(node subjects.NodeID) time.Time {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if at, ok := m.departed[node]; ok {
 		return at.Add(m.cfg.FencingDelay)
 	}
-	if t := m.joinedAt.Add(m.cfg.FencingDelay); time.Now().Before(t) {
+	t := m.joinedAt.Add(m.cfg.FencingDelay)
+	if v, ok := m.live[node.Name]; ok && v.Node.Generation > node.Generation && v.since.Add(m.cfg.FencingDelay).After(t) {
+		t = v.since.Add(m.cfg.FencingDelay)
+	}
+	if time.Now().Before(t) {
 		return t
+	}
+	return time.Time{}
+}
+
+// Known reports whether this node's view knows what became of node: it is
+// alive, it departed within the view's memory (a few TTLs), or a newer
+// generation of its name is alive. A claim of a generation that is not
+// known is not proof of a departure: it may be a node that joined before
+// this node's view shows it (DESIGN §5, claims are tokens).
+func (m *Membership) Known(node subjects.NodeID) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if v, ok := m.live[node.Name]; ok && v.Node.Generation >= node.Generation {
+		return true
+	}
+	_, ok := m.departed[node]
+	return ok
+}
+
+// UnseenTakeoverAt returns when a claim of a generation this node's view
+// does not know (Known false), first read at first, may be taken over: the
+// fencing delay after first, and only once the view has caught up past
+// first — the registry watcher has delivered a write of this node's own
+// issued after first, so every registration that completed before first
+// (a claimer registers before it claims) is in the view. Until the view
+// has caught up it returns a time one heartbeat ahead: ask again then. A
+// registry without a leader thus holds takeovers of unknown generations
+// back, never lets them through.
+func (m *Membership) UnseenTakeoverAt(first time.Time) time.Time {
+	at := first.Add(m.cfg.FencingDelay)
+	m.covMu.Lock()
+	covered := m.covered
+	m.covMu.Unlock()
+	if !covered.After(first) {
+		if next := time.Now().Add(m.cfg.Heartbeat); next.After(at) {
+			return next
+		}
+		return at
+	}
+	if time.Now().Before(at) {
+		return at
 	}
 	return time.Time{}
 }
@@ -933,8 +993,9 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 	}
 	delete(m.live, node.Name)
 	m.departed[node] = now
-	for n, at := range m.departed { // bounded: only those still fencing
-		if now.Sub(at) > m.cfg.FencingDelay {
+	keep := m.departedMemory()
+	for n, at := range m.departed { // bounded: only recent departures
+		if now.Sub(at) > keep {
 			delete(m.departed, n)
 		}
 	}
@@ -1027,7 +1088,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			return // the same write again (a re-watch replays the entries)
 		case had && old.Node == v.Node:
 			moved := old.ClientID != v.ClientID || old.ServerID != v.ServerID
-			m.live[name] = &liveMember{Member: v, seen: now, rev: rev} // a heartbeat
+			m.live[name] = &liveMember{Member: v, seen: now, rev: rev, since: old.since} // a heartbeat
 			m.mu.Unlock()
 			if moved && old.ClientID != 0 {
 				m.emit(Event{Type: Moved, Member: v, At: time.Now(), Reason: "heartbeat from a new connection"})
@@ -1046,7 +1107,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.depart(old.Node, Superseded, v.Started, "")
 		}
 		m.mu.Lock()
-		m.live[name] = &liveMember{Member: v, seen: now, rev: rev}
+		m.live[name] = &liveMember{Member: v, seen: now, rev: rev, since: time.Now()}
 		m.mu.Unlock()
 		m.emit(Event{Type: Joined, Member: v, At: time.Now()})
 	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
@@ -1169,6 +1230,7 @@ func (m *Membership) beat() error {
 	m.wroteValue(b)
 	reconnects := m.cfg.Conn.Stats().Reconnects
 	ctx, cancel := context.WithTimeout(m.ctx, max(m.cfg.Heartbeat, time.Second))
+	start := time.Now()
 	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
 	cancel()
 	if err != nil {
@@ -1177,7 +1239,7 @@ func (m *Membership) beat() error {
 	m.mu.Lock()
 	m.self, m.rev, m.confirmed = self, nrev, reconnects
 	m.mu.Unlock()
-	m.wroteOwn(nrev)
+	m.wroteOwn(nrev, start)
 	return nil
 }
 

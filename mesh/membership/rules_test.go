@@ -208,9 +208,16 @@ func TestTakeoverAfterFencingDelay(t *testing.T) {
 	if !w.Gone(a.Self().Node) {
 		t.Fatal("a generation that just left is not Gone")
 	}
-	// The departure is remembered only for the fencing delay: the view
+	// Gone only within the fencing delay; the departure itself is
+	// remembered (Known) for departedMemory and then pruned, so the view
 	// does not grow with every departure.
-	natstest.Eventually(t, 5*time.Second, func() bool { return !w.Gone(a.Self().Node) }, "forgotten after the fencing delay")
+	natstest.Eventually(t, 5*time.Second, func() bool { return !w.Gone(a.Self().Node) }, "not Gone after the fencing delay")
+	if !w.Known(a.Self().Node) || !w.TakeoverAt(a.Self().Node).IsZero() && time.Until(w.TakeoverAt(a.Self().Node)) > 0 {
+		t.Fatal("a departure within departedMemory is not Known, or not yet ready for takeover after the fencing delay")
+	}
+	w.mu.Lock()
+	w.departed[a.Self().Node] = time.Now().Add(-w.departedMemory() - time.Second) // as if long ago
+	w.mu.Unlock()
 	b := join(t, natstest.Connect(t, s), "b", Config{})
 	natstest.Eventually(t, 5*time.Second, func() bool { return w.Alive(b.Self().Node) }, "b joined")
 	if err := b.Leave(context.Background()); err != nil {
