@@ -133,10 +133,10 @@ func (h *Host) runClaim(op *claimOp) {
 		switch {
 		case refusal != nil:
 			o.err = refusal
-		case h.dedupe.lookup(p.e.ID) != nil:
-			o.dup = h.dedupe.lookup(p.e.ID) // a copy parked twice: accepted once
+		case h.dedupe.lookup(p.e.key) != nil:
+			o.dup = h.dedupe.lookup(p.e.key) // a copy parked twice: accepted once
 		default:
-			p.e.rec = h.dedupe.add(p.e.ID, p.e.expectResponse, p.e.answerTo)
+			p.e.rec = h.dedupe.add(p.e.key, p.e.expectResponse, p.e.answerTo)
 			eerr := a.enqueue(p.e, true)
 			if eerr != nil {
 				h.dedupe.forget(p.e.rec)

@@ -71,6 +71,13 @@ type Delivery struct {
 	Payload []byte
 	Attempt int    // 1-based attempt that was accepted
 	Sender  string // sending node or client "name.gen", if given
+	// Caller is the outside caller the ingress forwarded the delivery
+	// for (HeaderCaller: "acc:<account>/<user>" or "inbox:<prefix>"), or
+	// empty for a node's own sender. Established by the ingress node from
+	// what the NATS server tells it, never from the client's message.
+	Caller string
+
+	key string // dedupe key: (Caller, ID)
 
 	answerTo       string
 	expectResponse bool

@@ -376,7 +376,7 @@ func (h *Host) intake(m *nats.Msg) {
 			return
 		}
 	}
-	if r := h.dedupe.lookup(e.ID); r != nil {
+	if r := h.dedupe.lookup(e.key); r != nil {
 		h.duplicate(m, e, r)
 		return
 	}
@@ -430,7 +430,7 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 		}
 		// Remembered before it can be settled, so that a failure racing
 		// the enqueue finds the record to forget.
-		e.rec = h.dedupe.add(e.ID, e.expectResponse, e.answerTo)
+		e.rec = h.dedupe.add(e.key, e.expectResponse, e.answerTo)
 		err := a.enqueue(e, false)
 		if err != nil {
 			h.dedupe.forget(e.rec)
@@ -555,6 +555,16 @@ func (h *Host) parse(m *nats.Msg) (*entry, error) {
 		// answer subjects (a control subject, the registry's KV subject).
 		return nil, verdict.New(verdict.ReasonBadRequest, "header %s: %q is not a subject under %s", HeaderAnswerTo, e.answerTo, h.ansPrefix)
 	}
+	if c, ok := hdr[HeaderCaller]; ok {
+		if len(c) != 1 {
+			return nil, verdict.New(verdict.ReasonBadRequest, "header %s given %d times", HeaderCaller, len(c))
+		}
+		if err := ValidateCaller(c[0]); err != nil {
+			return nil, err
+		}
+		e.Caller = c[0]
+	}
+	e.key = dedupeKey(e.Caller, e.ID)
 	if e.Sender = hdr.Get(HeaderSender); e.Sender == "" {
 		e.Sender = h.senderOf(e.answerTo)
 	}

@@ -43,6 +43,16 @@ const (
 	// delivery without it (one leg at a time, like `nats req`) is not
 	// sequence-checked.
 	HeaderLane = "Mesh-Lane"
+	// HeaderCaller is the caller identity the ingress node established
+	// for a delivery it forwards from an outside client (DESIGN §10): from
+	// the server-stamped Nats-Request-Info in the multi-account setup, or
+	// from the reply subject's inbox prefix in a single account. It is set
+	// only node to node (the client profile cannot publish deliveries),
+	// and the intake keys dedupe and kept answers on (caller, ID): one
+	// caller's ID never reaches another caller's delivery or answer. At
+	// most [MaxCallerLen] bytes of printable ASCII without spaces; absent
+	// for a node's own deliveries.
+	HeaderCaller = "Mesh-Caller"
 	// HeaderAnswer marks a message sent to an answer subject: "verdict" (a
 	// late verdict that replaces the earlier Accepted) or "response" (the
 	// handler's response). It carries HeaderID and the verdict headers.
@@ -61,7 +71,33 @@ const (
 	MaxTypeLen = 256
 	// MaxEpochLen bounds the epoch of a HeaderLane value.
 	MaxEpochLen = 64
+	// MaxCallerLen bounds a HeaderCaller value.
+	MaxCallerLen = 512
 )
+
+// ValidateCaller checks a HeaderCaller value: 1-[MaxCallerLen] bytes of
+// printable ASCII without spaces. The error matches verdict.ErrBadRequest.
+func ValidateCaller(c string) error {
+	if c == "" || len(c) > MaxCallerLen {
+		return verdict.New(verdict.ReasonBadRequest, "header %s must be 1-%d bytes (got %d)", HeaderCaller, MaxCallerLen, len(c))
+	}
+	for i := 0; i < len(c); i++ {
+		if b := c[i]; b < 0x21 || b > 0x7e {
+			return verdict.New(verdict.ReasonBadRequest, "header %s must be printable ASCII without spaces: byte %d is %#02x", HeaderCaller, i, b)
+		}
+	}
+	return nil
+}
+
+// dedupeKey is the key the intake remembers a delivery under: its ID
+// within its caller's scope. IDs hold no spaces, so the two never run
+// together.
+func dedupeKey(caller, id string) string {
+	if caller == "" {
+		return id
+	}
+	return caller + " " + id
+}
 
 // AnswerToken is the subject token under the prefix where mesh senders
 // receive answers: <prefix>.ans.<name>.<gen>.

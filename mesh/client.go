@@ -2,6 +2,8 @@ package mesh
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,7 +27,9 @@ import (
 type Delivery struct {
 	// ID is unique per delivery and kept across its retries: 1-128 bytes
 	// of printable ASCII without spaces (NATS trims whitespace in header
-	// values, so anything else would merge IDs); empty means a fresh NUID.
+	// values, so anything else would merge IDs); empty means a fresh
+	// 128-bit random ID from crypto/rand (22 characters of base64url),
+	// which no other caller can predict.
 	// Any other ID fails with verdict.ErrInvalidID before anything is sent.
 	ID string
 	// From is the sending address, if the sender is itself a hub.
@@ -47,6 +51,10 @@ type Delivery struct {
 	// generation that accepted it is still live and its connection moved
 	// (see Client.Request).
 	Idempotent bool
+
+	// caller is the outside caller the ingress forwards for
+	// (hub.HeaderCaller); empty for the process's own deliveries.
+	caller string
 }
 
 // Receipt is the outcome of an accepted delivery.
@@ -678,6 +686,9 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	if f.request {
 		lm.set(hdrExpectResponse, "true")
 	}
+	if d.caller != "" {
+		lm.set(hdrCaller, d.caller)
+	}
 	if c.opts.tracer != nil {
 		meshtrace.Inject(ctx, lm.header()) // the delivery's span: the same across its attempts
 	}
@@ -966,21 +977,17 @@ func (g *callGate) shut() {
 	<-g.idle
 }
 
-// idSource generates delivery IDs from a pool of NUID generators, one
-// per P in effect (sync.Pool): the package-level nuid.Next, or one
-// generator per client behind a mutex, serialises every caller on one lock
-// (measured: the most contended lock of a lane with 256 callers). Each
-// generator has its own random prefix (nuid.New), so IDs stay unique across
-// generators as across processes.
+// idSource generates delivery IDs: 128 bits from crypto/rand, encoded as
+// 22 characters of unpadded base64url (DESIGN §5, §10: IDs the mesh
+// generates are random, never counters — a predictable ID lets another
+// caller claim it first). About 0.1–0.2 µs an ID, with no lock shared
+// between callers.
 type idSource struct{}
 
-var nuidPool = sync.Pool{New: func() any { return nuid.New() }}
-
 func (idSource) next() string {
-	n := nuidPool.Get().(*nuid.NUID)
-	id := n.Next()
-	nuidPool.Put(n)
-	return id
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 func nuidShort() string {

@@ -731,11 +731,14 @@ func TestIDEdgesEverywhere(t *testing.T) {
 				t.Errorf("%s: invalid ID %q: %v; want invalid-id", via, id, err)
 			}
 		}
-		// Each valid ID went to every path once; the dedupe window is
-		// per node, so the second and third path's copies are duplicates.
+		// Each valid ID went to every path once. The dedupe key is
+		// (caller, ID): the sender's and the intake's copies are in the
+		// node's own scope (no Mesh-Caller), so the second is a
+		// duplicate; the ingress's is in its outside caller's scope, a
+		// delivery of its own.
 	}
 	for _, id := range valid {
-		natstest.Eventually(t, 10*time.Second, func() bool { return rec.executions(id) == 1 }, "ID %q handled once", id)
+		natstest.Eventually(t, 10*time.Second, func() bool { return rec.executions(id) == 2 }, "ID %q handled twice (once per caller scope)", id)
 	}
 	for _, id := range invalid {
 		if e := rec.executions(id); e != 0 {

@@ -61,7 +61,7 @@ func (n *Node) ingress(m *nats.Msg) {
 
 func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Stream) {
 	h := m.Header
-	d := Delivery{To: addr, Stream: stream, Payload: m.Data}
+	d := Delivery{To: addr, Stream: stream, Payload: m.Data, caller: n.callerOf(m)}
 	if h != nil {
 		d.ID = h.Get(hub.HeaderID)
 		if _, set := h[hub.HeaderID]; set && d.ID == "" {

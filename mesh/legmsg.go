@@ -23,7 +23,8 @@ const (
 	hdrFrom
 	hdrExpectResponse
 	hdrLane
-	numLegHeaders
+	hdrCaller
+	numLegHeaders // at most 8: present and used are bit sets in a uint8
 )
 
 var legHeaderNames = [numLegHeaders]string{
@@ -34,6 +35,7 @@ var legHeaderNames = [numLegHeaders]string{
 	hdrFrom:           hub.HeaderFrom,
 	hdrExpectResponse: hub.HeaderExpectResponse,
 	hdrLane:           hub.HeaderLane,
+	hdrCaller:         hub.HeaderCaller,
 }
 
 type legMsg struct {

@@ -56,6 +56,10 @@ type NodeConfig struct {
 	// subject (meshctl drain); nil means Drain with DefaultDrainTimeout.
 	// A daemon sets it to begin its own shutdown.
 	OnDrainRequest func()
+	// CallerIdentity says where the ingress takes an outside caller's
+	// identity from (DESIGN §10; SECURITY.md): the dedupe window and kept
+	// answers are per (caller, delivery ID). Zero means CallerFromInbox.
+	CallerIdentity CallerIdentity
 	// IngressConcurrency bounds ingress deliveries forwarded at once;
 	// zero means DefaultIngressConcurrency.
 	IngressConcurrency int

@@ -422,6 +422,9 @@ func (c *Client) resendLeg(ctx context.Context, d *Delivery, f *flight, node sub
 	if d.From != "" {
 		h[hub.HeaderFrom] = []string{string(d.From)}
 	}
+	if d.caller != "" {
+		h[hub.HeaderCaller] = []string{d.caller}
+	}
 	if c.opts.tracer != nil {
 		meshtrace.Inject(ctx, h)
 	}

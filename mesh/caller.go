@@ -1,0 +1,95 @@
+package mesh
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// CallerIdentity says where the ingress takes an outside caller's identity
+// from (DESIGN §10). The identity scopes delivery IDs: the owner's dedupe
+// window and kept answers are keyed by (caller, ID), so a caller that
+// sends first under another caller's ID gets its own handling, never the
+// other's delivery or answer.
+type CallerIdentity int
+
+const (
+	// CallerFromInbox (single account, the weaker mode): the caller is
+	// the inbox prefix of its reply subject — the reply without the two
+	// tokens nats.go appends (<prefix>.<connection>.<request>), e.g.
+	// "_INBOX.alice" for a user whose permissions allow only
+	// _INBOX.alice.>. Callers that share a prefix share an ID scope; a
+	// caller can name another's prefix as its reply (NATS checks no
+	// permission on reply subjects) and so act blind in its scope. A
+	// delivery without a reply is in the "anon" scope.
+	CallerFromInbox CallerIdentity = iota
+	// CallerFromRequestInfo (tenants in their own accounts, production):
+	// the caller is the account and user the NATS server stamps in
+	// Nats-Request-Info when the request crosses the mesh account's
+	// service import (export with share: true); the server replaces any
+	// such header the client set. A request that carries none (a member
+	// of the mesh account itself: nodes, operators) falls back to its
+	// inbox prefix.
+	CallerFromRequestInfo
+)
+
+// HeaderRequestInfo is the header a NATS server stamps on a request that
+// crosses a service import whose export shares requestor info
+// (nats-server's ClientInfoHdr).
+const HeaderRequestInfo = "Nats-Request-Info"
+
+// callerOf returns the identity of the outside caller of ingress message m
+// (CallerIdentity), as a hub.HeaderCaller value: "acc:<account>:<user>"
+// or "inbox:<prefix>" or "anon", with account, user and prefix encoded as
+// subject tokens (printable, no spaces).
+func (n *Node) callerOf(m *nats.Msg) string {
+	if n.cfg.CallerIdentity == CallerFromRequestInfo {
+		if v := m.Header.Get(HeaderRequestInfo); v != "" {
+			var ci struct {
+				Account string `json:"acc"`
+				User    string `json:"user"`
+			}
+			if json.Unmarshal([]byte(v), &ci) == nil && ci.Account != "" {
+				return "acc:" + subjects.EncodeToken(ci.Account) + ":" + subjects.EncodeToken(ci.User)
+			}
+		}
+	}
+	return inboxCaller(m.Reply)
+}
+
+// inboxCaller is the CallerFromInbox identity of a reply subject.
+func inboxCaller(reply string) string {
+	if reply == "" {
+		return "anon"
+	}
+	prefix := reply
+	if i := strings.LastIndexByte(prefix, '.'); i > 0 {
+		if j := strings.LastIndexByte(prefix[:i], '.'); j > 0 {
+			prefix = prefix[:j] // <prefix>.<connection>.<request>
+		} else {
+			prefix = prefix[:i] // <prefix>.<request> (old-style requests)
+		}
+	}
+	var b strings.Builder
+	b.WriteString("inbox:")
+	for i := 0; i < len(prefix) && b.Len() < maxInboxCaller; i++ {
+		// SafeReply let through no space or control byte; bytes beyond
+		// ASCII are written =HH, so the value stays printable ASCII
+		// (hub.ValidateCaller).
+		if c := prefix[i]; c > 0x7e || c == '=' {
+			fmt.Fprintf(&b, "=%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// maxInboxCaller bounds an inbox identity below hub.MaxCallerLen: a longer
+// prefix is cut (still one caller's own prefix, shared only with callers
+// whose prefixes agree that far).
+const maxInboxCaller = 400
