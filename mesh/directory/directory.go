@@ -17,6 +17,7 @@ package directory
 import (
 	"bytes"
 	"cmp"
+	"container/heap"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,6 +78,7 @@ type Config struct {
 	// MaxVerifyBatch.
 	VerifyBatch int
 	perKey      bool // tests: verify one claim at a time, as on a server without batched reads
+	noWatch     bool // tests: no watch of changes (verification by passes only)
 	// OnLost is called (on the verifier goroutine) with the token of a
 	// claim this node lost: it must stand down the activation holding
 	// that token (hub.Host.StandDown), and must not block on its turns.
@@ -118,6 +120,13 @@ type Directory struct {
 	// in batches through it.
 	bucketSubj, directGet string
 	heldBack              atomic.Int64 // batched reads the server cut short (max_bytes): asked again
+	swept, sweeps         atomic.Int64 // claims re-read by the rotating sweep, and its passes
+	watchChecks           atomic.Int64 // changes to own claims the watch delivered and the verifier checked
+	watchFailures         atomic.Int64 // watches of the directory that could not be started
+	fullPasses            atomic.Int64 // full verification passes (stream re-created or lost writes, watch restarted)
+	streamCreated         time.Time    // the directory stream's creation time at the last look (under mu)
+	sweptTo               uint64       // the revision the rotating sweep reached (under mu)
+	newest                uint64       // the newest revision this node wrote a claim at, in this stream (under mu)
 	maxBytes              int          // tests: max_bytes of a batched read (0: the server's)
 
 	ctx    context.Context
@@ -346,6 +355,7 @@ func (d *Directory) own(addr subjects.Address, rev uint64) hub.Grant {
 	d.lastID++
 	id := d.lastID
 	d.owned[addr] = held{id: id, rev: rev}
+	d.newest = max(d.newest, rev)
 	d.mu.Unlock()
 	self := d.self()
 	d.cache.Store(addr, self)
@@ -480,21 +490,179 @@ func mix(x uint64) uint64 {
 	return x
 }
 
-// verifier re-reads every claim this node holds each interval, in batches
-// (verify); a claim that is gone is re-created, one owned by another
-// generation makes this node stand down (OnLost).
+// verifier keeps this node's claims true (DESIGN §5–§6) at a cost that does
+// not grow with their number:
+//
+//   - a watch of the directory's changes (updates only, metadata only): a
+//     change to a key this node holds, at a revision it did not write (an
+//     overwrite, a delete), is checked at once — re-created if gone,
+//     stood down if another generation holds it;
+//   - each interval, one stream info: a directory stream created anew (the
+//     soft state was lost) or whose last sequence fell below the newest
+//     revision this node holds (acknowledged writes lost, Jepsen's NATS
+//     2.12.1 finding), or a watch that had to be started again (it may
+//     have missed changes), makes the next pass a full one — every claim
+//     re-read in batches (verify);
+//   - otherwise each interval re-reads one batch of claims in rotation
+//     (sweep), a backstop whose cost per interval is constant: every claim
+//     is re-read within ceil(claims / VerifyBatch) intervals.
 func (d *Directory) verifier() {
 	defer d.wg.Done()
 	t := time.NewTicker(d.cfg.VerifyInterval)
 	defer t.Stop()
+	var w jetstream.KeyWatcher
+	var updates <-chan jetstream.KeyValueEntry
+	defer func() {
+		if w != nil {
+			_ = w.Stop()
+		}
+	}()
+	full := false
 	for {
+		if w == nil && !d.cfg.noWatch {
+			var err error
+			if w, err = d.kv.WatchAll(d.ctx, jetstream.UpdatesOnly(), jetstream.MetaOnly()); err == nil {
+				updates = w.Updates()
+				full = d.Owned() > 0 // changes made while no watch ran were missed
+			} else {
+				w, updates = nil, nil
+				d.watchFailures.Add(1)
+			}
+		}
 		select {
 		case <-d.ctx.Done():
 			return
+		case e, ok := <-updates:
+			if !ok {
+				_ = w.Stop()
+				w, updates = nil, nil
+				continue
+			}
+			if e != nil {
+				d.changed(e)
+			}
 		case <-t.C:
+			if d.streamChanged() {
+				full = true
+			}
+			if full {
+				d.verify()
+				full = false
+				d.fullPasses.Add(1)
+			} else {
+				d.sweep()
+			}
 		}
-		d.verify()
 	}
+}
+
+// changed checks a directory change the watch delivered, if it is to a
+// key this node holds at a revision other than the one it wrote.
+func (d *Directory) changed(e jetstream.KeyValueEntry) {
+	a, err := subjects.DecodeToken(e.Key())
+	if err != nil {
+		return
+	}
+	addr := subjects.Address(a)
+	d.mu.Lock()
+	h, ok := d.owned[addr]
+	d.mu.Unlock()
+	if !ok || h.rev == e.Revision() && e.Operation() == jetstream.KeyValuePut {
+		return // not ours, or our own write
+	}
+	d.watchChecks.Add(1)
+	ctx, cancel := context.WithTimeout(d.ctx, ReadTimeout)
+	defer cancel()
+	c, cur, err := d.read(ctx, addr)
+	if err != nil {
+		return // cannot tell: the sweep looks again
+	}
+	d.check(ctx, ownedClaim{addr, h.id, h.rev}, c, cur)
+}
+
+// streamChanged reports whether the directory's stream was created anew or
+// lost writes this node holds claims at (its last sequence is below the
+// newest revision held), since the last look. A stream that cannot be read
+// reports no change (looked at again next interval).
+func (d *Directory) streamChanged() bool {
+	// The newest revision before the stream is read: claims written
+	// meanwhile are beyond what the answer can show.
+	d.mu.Lock()
+	newest := d.newest
+	d.mu.Unlock()
+	ctx, cancel := context.WithTimeout(d.ctx, ReadTimeout)
+	defer cancel()
+	st, err := d.kv.Status(ctx)
+	if err != nil {
+		return false
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return false
+	}
+	info := bs.StreamInfo()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	created := info.Created
+	changed := !d.streamCreated.IsZero() && !created.Equal(d.streamCreated)
+	d.streamCreated = created
+	if changed {
+		d.newest = 0 // a new stream numbers from 1 again; the full pass re-writes
+	}
+	return changed || info.State.LastSeq < newest
+}
+
+// sweep re-reads the next VerifyBatch claims in revision order after the
+// last one swept, wrapping around (the verifier's constant-cost backstop).
+// Picking them costs one scan of the claims held in memory (a bounded heap
+// keeps the VerifyBatch lowest revisions), no KV read beyond the batch.
+func (d *Directory) sweep() {
+	k := d.cfg.VerifyBatch
+	var h claimHeap // max-heap on rev: the k lowest revisions above after
+	d.mu.Lock()
+	after := d.sweptTo
+	for a, o := range d.owned {
+		if o.rev <= after {
+			continue
+		}
+		if len(h) < k {
+			heap.Push(&h, ownedClaim{a, o.id, o.rev})
+		} else if o.rev < h[0].rev {
+			h[0] = ownedClaim{a, o.id, o.rev}
+			heap.Fix(&h, 0)
+		}
+	}
+	if len(h) == 0 {
+		d.sweptTo = 0 // wrap
+	}
+	d.mu.Unlock()
+	if len(h) == 0 {
+		return
+	}
+	batch := []ownedClaim(h)
+	slices.SortFunc(batch, func(a, b ownedClaim) int { return cmp.Compare(a.rev, b.rev) })
+	d.swept.Add(int64(len(batch)))
+	d.sweeps.Add(1)
+	ctx, cancel := context.WithTimeout(d.ctx, ReadTimeout)
+	d.verifyBatch(ctx, batch)
+	cancel()
+	d.mu.Lock()
+	d.sweptTo = batch[len(batch)-1].rev
+	d.mu.Unlock()
+}
+
+// claimHeap is a max-heap of claims by revision (container/heap).
+type claimHeap []ownedClaim
+
+func (h claimHeap) Len() int           { return len(h) }
+func (h claimHeap) Less(i, j int) bool { return h[i].rev > h[j].rev }
+func (h claimHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *claimHeap) Push(x any)        { *h = append(*h, x.(ownedClaim)) }
+func (h *claimHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // ownedClaim is one claim this node holds, as the verifier read it: its
@@ -760,6 +928,7 @@ func (d *Directory) rewrote(o ownedClaim, rev uint64) bool {
 		return false
 	}
 	d.owned[o.addr] = held{id: o.id, rev: rev}
+	d.newest = max(d.newest, rev)
 	return true
 }
 

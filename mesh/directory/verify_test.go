@@ -73,7 +73,7 @@ func TestVerifyBatches(t *testing.T) {
 			var lost []subjects.Address
 			// Passes are run by hand (d.verify), so that all tampering is
 			// in place before one pass, which must act on all of it.
-			d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: time.Hour, VerifyBatch: tc.batch, perKey: tc.perKey, Logger: quiet,
+			d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: time.Hour, VerifyBatch: tc.batch, perKey: tc.perKey, noWatch: true, Logger: quiet,
 				OnLost: func(tk hub.ClaimToken) {
 					mu.Lock()
 					lost = append(lost, tk.Addr)
@@ -259,7 +259,7 @@ func TestLastOf(t *testing.T) {
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	mb := joinEcho(t, ctx, nc, "a")
-	d, err := Open(ctx, Config{Conn: nc, Members: mb, VerifyInterval: time.Hour, Logger: quiet})
+	d, err := Open(ctx, Config{Conn: nc, Members: mb, VerifyInterval: time.Hour, noWatch: true, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func TestVerifyStaleRead(t *testing.T) {
 	natstest.Eventually(t, 5*time.Second, func() bool { return a.Alive(b.Self().Node) }, "b not seen alive")
 	var mu sync.Mutex
 	var lost []subjects.Address
-	d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: time.Hour, Logger: quiet, OnLost: func(tk hub.ClaimToken) {
+	d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: time.Hour, noWatch: true, Logger: quiet, OnLost: func(tk hub.ClaimToken) {
 		mu.Lock()
 		lost = append(lost, tk.Addr)
 		mu.Unlock()
