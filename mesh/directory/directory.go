@@ -57,6 +57,15 @@ const (
 	MaxVerifyBatch     = 1024
 )
 
+// errCodeMessageTTLDisabled is JetStream's error code for a per-message TTL
+// on a stream that does not allow them (nats-server JSMessageTTLDisabledErr).
+const errCodeMessageTTLDisabled jetstream.ErrorCode = 10166
+
+// DefaultMarkerTTL is how long a released claim's marker stays in the
+// directory: long enough for every watcher to have seen the release, short
+// enough that a burst of cold addresses leaves no lasting state.
+const DefaultMarkerTTL = time.Minute
+
 // ErrInvalidConfig: a required Config field is missing or invalid.
 var ErrInvalidConfig = errors.New("directory: invalid config")
 
@@ -79,6 +88,10 @@ type Config struct {
 	VerifyBatch int
 	perKey      bool // tests: verify one claim at a time, as on a server without batched reads
 	noWatch     bool // tests: no watch of changes (verification by passes only)
+	// MarkerTTL is how long the marker a released claim leaves in the
+	// bucket is kept (KV limit marker TTL, nats-server 2.11+); zero means
+	// DefaultMarkerTTL. Only a bucket this node creates gets it.
+	MarkerTTL time.Duration
 	// OnLost is called (on the verifier goroutine) with the token of a
 	// claim this node lost: it must stand down the activation holding
 	// that token (hub.Host.StandDown), and must not block on its turns.
@@ -123,6 +136,7 @@ type Directory struct {
 	swept, sweeps         atomic.Int64 // claims re-read by the rotating sweep, and its passes
 	watchChecks           atomic.Int64 // changes to own claims the watch delivered and the verifier checked
 	watchFailures         atomic.Int64 // watches of the directory that could not be started
+	noTTL                 atomic.Bool  // the bucket refused a marker TTL: plain deletes
 	fullPasses            atomic.Int64 // full verification passes (stream re-created or lost writes, watch restarted)
 	streamCreated         time.Time    // the directory stream's creation time at the last look (under mu)
 	sweptTo               uint64       // the revision the rotating sweep reached (under mu)
@@ -165,6 +179,9 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 	if cfg.VerifyInterval <= 0 {
 		cfg.VerifyInterval = DefaultVerifyInterval
 	}
+	if cfg.MarkerTTL <= 0 {
+		cfg.MarkerTTL = DefaultMarkerTTL
+	}
 	if cfg.VerifyBatch > MaxVerifyBatch {
 		return nil, fmt.Errorf("%w: VerifyBatch %d is over %d", ErrInvalidConfig, cfg.VerifyBatch, MaxVerifyBatch)
 	}
@@ -186,6 +203,11 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 			Storage:     jetstream.MemoryStorage,
 			Replicas:    cfg.Replicas,
 			History:     1,
+			// Markers of released claims expire (DESIGN §10: a burst of
+			// cold addresses leaves nothing lasting); needs nats-server
+			// 2.11+, and a bucket created earlier without it is used as
+			// it is (its markers stay).
+			LimitMarkerTTL: cfg.MarkerTTL,
 		})
 		return err
 	})
@@ -386,9 +408,25 @@ func (d *Directory) Release(t hub.ClaimToken) {
 	d.cache.CompareAndDelete(t.Addr, d.self())
 	ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
 	defer cancel()
-	if err := d.kv.Delete(ctx, key(t.Addr), jetstream.LastRevision(h.rev)); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && d.ctx.Err() == nil {
+	if err := d.remove(ctx, t.Addr, h.rev); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && d.ctx.Err() == nil {
 		d.log.Warn("release claim", "address", string(t.Addr), "err", err)
 	}
+}
+
+// remove deletes the claim on addr if it is still at rev: a purge whose
+// marker expires after MarkerTTL, or, on a bucket without per-message TTLs
+// (created before, or by a server older than 2.11), a plain delete whose
+// marker stays.
+func (d *Directory) remove(ctx context.Context, addr subjects.Address, rev uint64) error {
+	if !d.noTTL.Load() {
+		err := d.kv.Purge(ctx, key(addr), jetstream.LastRevision(rev), jetstream.PurgeTTL(d.cfg.MarkerTTL))
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeMessageTTLDisabled {
+			return err
+		}
+		d.noTTL.Store(true) // the bucket takes no TTLs: delete as before
+	}
+	return d.kv.Delete(ctx, key(addr), jetstream.LastRevision(rev))
 }
 
 // Owned returns how many addresses this node holds claims on.
@@ -877,7 +915,7 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 			if !d.rewrote(o, nrev) {
 				// Released meanwhile: the entry just written is
 				// nobody's; take it back.
-				_ = d.kv.Delete(ctx, key(addr), jetstream.LastRevision(nrev))
+				_ = d.remove(ctx, addr, nrev)
 			}
 		} else if errors.Is(err, jetstream.ErrKeyExists) {
 			// The key has an entry after all: the read was stale (on a
@@ -903,7 +941,7 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
 		if nrev, err := d.kv.Update(ctx, key(addr), b, cur); err == nil {
 			if !d.rewrote(o, nrev) {
-				_ = d.kv.Delete(ctx, key(addr), jetstream.LastRevision(nrev))
+				_ = d.remove(ctx, addr, nrev)
 			}
 		}
 	case !d.members.Alive(c.Owner):

@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -169,5 +170,71 @@ func TestUpkeepSweepBounded(t *testing.T) {
 	}
 	if f := d.fullPasses.Load(); f != 0 {
 		t.Fatalf("%d full passes with the stream intact", f)
+	}
+}
+
+// TestReleasedMarkersExpire (issue 22, exhaustion): a burst of claims made
+// and released leaves nothing lasting in the directory — their markers
+// expire after MarkerTTL — and on a bucket made without marker TTLs (an
+// older deployment) releases still work, as plain deletes.
+func TestReleasedMarkersExpire(t *testing.T) {
+	for _, ttl := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ttl=%v", ttl), func(t *testing.T) {
+			s := natstest.RunServer(t)
+			nc := natstest.Connect(t, s)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+			a := joinEcho(t, ctx, nc, "a")
+			if !ttl {
+				js, _ := jetstream.New(nc)
+				if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketName(subjects.DefaultPrefix), Storage: jetstream.MemoryStorage, History: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: time.Hour, MarkerTTL: time.Second, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(d.Close)
+			const n = 300
+			var tokens []hub.ClaimToken
+			for i := range n {
+				g, err := d.Claim(ctx, subjects.Address(fmt.Sprintf("echo/burst%d", i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				tokens = append(tokens, g.Token)
+			}
+			for _, tk := range tokens {
+				d.Release(tk)
+			}
+			if d.Owned() != 0 {
+				t.Fatalf("%d claims held after releasing all", d.Owned())
+			}
+			for _, tk := range tokens[:3] {
+				if _, err := d.kv.Get(ctx, key(tk.Addr)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+					t.Fatalf("%s after release: %v", tk.Addr, err)
+				}
+			}
+			st, err := d.kv.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ttl {
+				if st.Values() != n {
+					t.Fatalf("%d entries on a bucket without marker TTLs, want the %d delete markers", st.Values(), n)
+				}
+				return
+			}
+			natstest.Eventually(t, 20*time.Second, func() bool {
+				st, err := d.kv.Status(ctx)
+				return err == nil && st.Values() == 0
+			}, "markers of released claims still in the directory after their TTL")
+			// The addresses can be claimed again.
+			if g, err := d.Claim(ctx, tokens[0].Addr); err != nil || g.Owner != a.Self().Node {
+				t.Fatalf("claim after the marker expired: %v %v", g, err)
+			}
+		})
 	}
 }
