@@ -28,4 +28,12 @@
 // JetStream KV bucket (package mesh/hubstate). A [Batcher] hub handles the
 // deliveries queued together in one turn, for instance to save their
 // changes once.
+//
+// Files, by room: host.go (configuration, the Host and its counters),
+// intake.go (parse, dedupe, dispatch, the synchronous reply), park.go
+// (deliveries parked on a cold address's claim), claims.go (the claims
+// seam: tokens, not names), lifecycle.go (activation, stand-down,
+// collection, drain, close), activation.go (the inbox and turns),
+// settle.go (responses, late verdicts), dedupe.go, lanes.go, breaker.go,
+// state.go, answer.go, wire.go (headers and limits), trace.go.
 package hub
