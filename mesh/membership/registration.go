@@ -1,0 +1,361 @@
+package membership
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// checkName refuses to go on while a live generation heartbeats under the
+// name: it reads the entry and, unless it is plainly stale, watches it for up
+// to one TTL for a newer heartbeat. It writes nothing.
+func (m *Membership) checkName(ctx context.Context) error {
+	name := m.cfg.Name
+	var first Member
+	var firstRev uint64
+	var err error
+	err = Retry(ctx, func() error {
+		first, firstRev, err = m.readEntry(ctx, name)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("membership: read registry: %w", err)
+	}
+	if firstRev == 0 {
+		return nil
+	}
+	if time.Since(first.BeatAt) > m.cfg.TTL+m.cfg.Heartbeat {
+		return nil // stale by its own clock: a crashed generation
+	}
+	deadline := time.Now().Add(m.cfg.TTL)
+	m.cfg.Logger.Info("a generation of this node's name is registered; waiting to see whether it still heartbeats",
+		"generation", first.Node.String(), "up_to", m.cfg.TTL.String())
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(m.cfg.Heartbeat / 2):
+		}
+		cur, rev, err := m.readEntry(ctx, name)
+		switch {
+		case err != nil:
+			continue
+		case rev == 0:
+			return nil // it left or was removed
+		case cur.Node != first.Node || cur.Beat != first.Beat || rev != firstRev:
+			return fmt.Errorf("%w: %s is live (heartbeating); start with --replace to take its name over, or pick another name", ErrNameInUse, cur.Node)
+		}
+	}
+	return nil // silent for a TTL: gone
+}
+
+// readEntry returns name's registry entry and revision (0 when absent).
+func (m *Membership) readEntry(ctx context.Context, name string) (Member, uint64, error) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	e, err := m.kv.Get(rctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Member{}, 0, nil
+	}
+	if err != nil {
+		return Member{}, 0, err
+	}
+	v, _ := m.parse(e)
+	return v, e.Revision(), nil
+}
+
+// AbsurdGeneration reports whether g is beyond MaxGenerationAhead of the
+// local clock (2^64-1 always is).
+func AbsurdGeneration(g uint64) bool {
+	limit := time.Now().Add(MaxGenerationAhead).UnixNano()
+	return limit <= 0 || g > uint64(limit)
+}
+
+// parse reads a registry entry: false (counted, logged at the first and
+// every power of two) when it is not a member of its key with a valid,
+// plausible generation.
+func (m *Membership) parse(e jetstream.KeyValueEntry) (Member, bool) {
+	var v Member
+	err := json.Unmarshal(e.Value(), &v)
+	switch {
+	case err != nil:
+	case v.Node.Name != e.Key():
+		err = fmt.Errorf("entry names %q", v.Node.Name)
+	case v.Node.Generation == 0 || AbsurdGeneration(v.Node.Generation):
+		err = fmt.Errorf("%w: %d", ErrInvalidGeneration, v.Node.Generation)
+	default:
+		return v, true
+	}
+	if n := m.invalid.Add(1); n&(n-1) == 0 {
+		m.log.Warn("registry entry ignored", "key", e.Key(), "revision", e.Revision(), "err", err, "ignored_total", n)
+	}
+	return Member{}, false
+}
+
+// wroteValue remembers a value about to be written for this node's entry.
+// Called with wmu held.
+func (m *Membership) wroteValue(b []byte) {
+	m.lastN++
+	m.lastWrite[m.lastN%len(m.lastWrite)] = b
+}
+
+// ownWrite reports whether the stored entry at rev is a value this node
+// recently tried to write (the write whose reply was lost is not the
+// latest attempt: the attempt that met the revision mismatch came after
+// it); if not, it reports the overwrite (log and Stats). A read that fails
+// tells nothing and reports nothing.
+func (m *Membership) ownWrite(rev uint64) bool {
+	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
+	defer cancel()
+	e, err := m.kv.Get(ctx, m.cfg.Name)
+	if err != nil {
+		return true
+	}
+	m.wmu.Lock()
+	own := false
+	for _, b := range m.lastWrite {
+		own = own || b != nil && bytes.Equal(e.Value(), b)
+	}
+	m.wmu.Unlock()
+	if own && e.Revision() == rev {
+		return true
+	}
+	n := m.foreign.Add(1)
+	m.log.Warn("own registry entry overwritten by another writer; rewriting it (SECURITY.md: give other clients no write access to the registry)",
+		"revision", rev, "overwritten_total", n)
+	return false
+}
+
+// register writes a new generation for the name, strictly above any
+// registered one, under a revision check. BeforeAnnounce runs before each
+// write with the generation about to be written.
+func (m *Membership) register(ctx context.Context) error {
+	name := m.cfg.Name
+	for range 10 {
+		gen := uint64(time.Now().UnixNano())
+		var prev uint64
+		e, err := m.kv.Get(ctx, name)
+		switch {
+		case err == nil:
+			var raw Member
+			if json.Unmarshal(e.Value(), &raw) == nil && raw.Node.Name == name && AbsurdGeneration(raw.Node.Generation) {
+				return fmt.Errorf("%w: %q holds generation %d, beyond any clock (more than %v ahead): refusing to register above it; if no such node runs, delete the entry (nats kv del %s %s)",
+					ErrInvalidGeneration, name, raw.Node.Generation, MaxGenerationAhead, BucketName(m.cfg.Prefix), name)
+			}
+			// An entry that does not parse is replaced (under the revision
+			// check) by a generation from the clock.
+			if old, ok := m.parse(e); ok && old.Node.Generation >= gen {
+				gen = old.Node.Generation + 1
+			}
+			prev = e.Revision()
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		default:
+			return fmt.Errorf("membership: read registry: %w", err)
+		}
+		self := m.self
+		self.Node = subjects.NodeID{Name: name, Generation: gen}
+		self.ServerID, self.ClientID = m.connIdentity()
+		self.BeatAt = time.Now().UTC()
+		m.mu.Lock()
+		m.self = self
+		m.mu.Unlock()
+		undo := func() {}
+		if f := m.cfg.BeforeAnnounce; f != nil {
+			u, err := f(self.Node)
+			if err != nil {
+				return fmt.Errorf("membership: before announcing %s: %w", self.Node, err)
+			}
+			if u != nil {
+				undo = u
+			}
+		}
+		b, _ := json.Marshal(self)
+		m.wmu.Lock()
+		m.wroteValue(b)
+		m.wmu.Unlock()
+		confirmed := m.cfg.Conn.Stats().Reconnects
+		start := time.Now()
+		var rev uint64
+		if prev == 0 {
+			rev, err = m.kv.Create(ctx, name, b)
+		} else {
+			rev, err = m.kv.Update(ctx, name, b, prev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			undo()
+			continue // raced with another incarnation: read again
+		}
+		if err != nil {
+			undo()
+			return fmt.Errorf("membership: register: %w", err)
+		}
+		m.mu.Lock()
+		m.rev, m.confirmed = rev, confirmed
+		m.mu.Unlock()
+		m.wroteOwn(rev, start)
+		return nil
+	}
+	return fmt.Errorf("membership: register %q: too many concurrent registrations", name)
+}
+
+// heartbeat refreshes the entry, every Heartbeat and at once after a
+// reconnect. A revision mismatch whose stored entry is still this
+// generation's (the reply of an earlier write was lost) adopts the stored
+// revision; one that names no entry or another generation means the
+// registration is lost.
+func (m *Membership) heartbeat() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.lost:
+			return
+		case <-t.C:
+		case <-m.beatNow:
+		}
+		err := m.beat()
+		switch {
+		case err == nil:
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
+			cur, rev, gerr := m.readEntry(m.ctx, m.cfg.Name)
+			self := m.Self()
+			switch {
+			case gerr != nil:
+				// Cannot tell: try again next beat.
+			case rev != 0 && (cur.Node == self.Node || !(cur.Node.Generation > self.Node.Generation && !AbsurdGeneration(cur.Node.Generation))):
+				// Still this generation's (the reply of our write was
+				// lost), or written by someone else without a newer
+				// generation (garbage, an older or absurd generation,
+				// our generation with other content): rewrite ours on
+				// the stored revision.
+				if m.ownWrite(rev) {
+					m.log.Info("heartbeat reply was lost; the stored entry is still this generation's", "revision", rev)
+				}
+				m.mu.Lock()
+				m.rev = rev
+				m.mu.Unlock()
+				select {
+				case m.beatNow <- struct{}{}:
+				default:
+				}
+			default:
+				if rev != 0 && cur.Node.Generation > self.Node.Generation {
+					m.supersede.Store(true)
+				}
+				m.markLost("heartbeat found the entry removed or superseded")
+				return
+			}
+		default:
+			if m.ctx.Err() == nil {
+				m.log.Warn("heartbeat failed", "err", err)
+			}
+		}
+	}
+}
+
+// beat writes one heartbeat.
+func (m *Membership) beat() error {
+	m.wmu.Lock()
+	defer m.wmu.Unlock()
+	m.mu.RLock()
+	self, rev := m.self, m.rev
+	m.mu.RUnlock()
+	self.Beat++
+	self.BeatAt = time.Now().UTC()
+	self.ServerID, self.ClientID = m.connIdentity()
+	b, _ := json.Marshal(self)
+	m.wroteValue(b)
+	reconnects := m.cfg.Conn.Stats().Reconnects
+	ctx, cancel := context.WithTimeout(m.ctx, max(m.cfg.Heartbeat, time.Second))
+	start := time.Now()
+	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
+	cancel()
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.self, m.rev, m.confirmed = self, nrev, reconnects
+	m.mu.Unlock()
+	m.wroteOwn(nrev, start)
+	return nil
+}
+
+// SetKinds announces the hub kinds this generation hosts (kinds registered
+// after it joined), so that placement can use them.
+func (m *Membership) SetKinds(ctx context.Context, kinds []string) error {
+	return m.updateSelf(ctx, func(self *Member) {
+		self.Kinds = slices.Clone(kinds)
+		slices.Sort(self.Kinds)
+	})
+}
+
+// SetDraining marks this generation draining in the registry: it keeps what
+// it holds but takes no new placements.
+func (m *Membership) SetDraining(ctx context.Context) error {
+	return m.updateSelf(ctx, func(self *Member) { self.Draining = true })
+}
+
+// updateSelf rewrites this generation's entry with change applied, under
+// the revision chain the heartbeat also follows.
+func (m *Membership) updateSelf(ctx context.Context, change func(*Member)) error {
+	m.wmu.Lock()
+	defer m.wmu.Unlock()
+	m.mu.RLock()
+	self, rev := m.self, m.rev
+	m.mu.RUnlock()
+	change(&self)
+	b, _ := json.Marshal(self)
+	m.wroteValue(b)
+	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		// An earlier write's reply may have been lost: retry on the
+		// stored revision if the entry is still ours.
+		if cur, crev, gerr := m.readEntry(ctx, self.Node.Name); gerr == nil && crev != 0 && cur.Node == self.Node {
+			nrev, err = m.kv.Update(ctx, self.Node.Name, b, crev)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.self, m.rev = self, nrev
+	m.mu.Unlock()
+	return nil
+}
+
+// Leave deletes this generation's entry (a graceful departure every node
+// sees at once) and stops. It is idempotent.
+func (m *Membership) Leave(ctx context.Context) error {
+	m.wmu.Lock()
+	m.mu.RLock()
+	self, rev := m.self, m.rev
+	m.mu.RUnlock()
+	var err error
+	m.leaving.Store(true)
+	select {
+	case <-m.lost:
+	default:
+		err = m.kv.Delete(ctx, self.Node.Name, jetstream.LastRevision(rev))
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			if cur, crev, gerr := m.readEntry(ctx, self.Node.Name); gerr == nil && crev != 0 && cur.Node == self.Node {
+				err = m.kv.Delete(ctx, self.Node.Name, jetstream.LastRevision(crev))
+			} else {
+				err = nil // already gone or superseded
+			}
+		}
+	}
+	m.wmu.Unlock()
+	m.Close()
+	return err
+}

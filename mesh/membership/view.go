@@ -1,0 +1,188 @@
+package membership
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// Members returns the live generations, sorted by name.
+func (m *Membership) Members() []Member {
+	m.mu.RLock()
+	out := make([]Member, 0, len(m.live))
+	for _, v := range m.live {
+		out = append(out, v.Member)
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Node.Name, b.Node.Name) })
+	return out
+}
+
+// Alive reports whether node is the live generation of its name.
+func (m *Membership) Alive(node subjects.NodeID) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	v, ok := m.live[node.Name]
+	return ok && v.Node == node
+}
+
+// Gone reports whether node is known to be gone: a newer generation of its
+// name is live, or it departed within the last fencing delay. It is the
+// cluster view's answer for work addressed to node (fail it at once rather
+// than send), bounded in memory: an older departure is no longer
+// remembered, and a leg to it meets no responders at once anyway.
+func (m *Membership) Gone(node subjects.NodeID) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if v, ok := m.live[node.Name]; ok && v.Node.Generation > node.Generation {
+		return true
+	}
+	at, ok := m.departed[node]
+	return ok && time.Since(at) <= m.cfg.FencingDelay
+}
+
+// TakeoverAt returns when this node may take over addresses claimed by
+// node, a generation that is not alive: its departure as this node learned
+// it plus the fencing delay; for a generation superseded by a newer one of
+// its name, when this node first saw the newer one plus the fencing delay;
+// and never before this node's own join plus the fencing delay. The zero
+// time means at once. A generation this node does not know (Known false)
+// is judged by UnseenTakeoverAt instead.
+func (m *Membership) TakeoverAt(node subjects.NodeID) time.Time {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if at, ok := m.departed[node]; ok {
+		return at.Add(m.cfg.FencingDelay)
+	}
+	t := m.joinedAt.Add(m.cfg.FencingDelay)
+	if v, ok := m.live[node.Name]; ok && v.Node.Generation > node.Generation && v.since.Add(m.cfg.FencingDelay).After(t) {
+		t = v.since.Add(m.cfg.FencingDelay)
+	}
+	if time.Now().Before(t) {
+		return t
+	}
+	return time.Time{}
+}
+
+// Known reports whether this node's view knows what became of node: it is
+// alive, it departed within the view's memory (a few TTLs), or a newer
+// generation of its name is alive. A claim of a generation that is not
+// known is not proof of a departure: it may be a node that joined before
+// this node's view shows it (DESIGN §5, claims are tokens).
+func (m *Membership) Known(node subjects.NodeID) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if v, ok := m.live[node.Name]; ok && v.Node.Generation >= node.Generation {
+		return true
+	}
+	_, ok := m.departed[node]
+	return ok
+}
+
+// UnseenTakeoverAt returns when a claim of a generation this node's view
+// does not know (Known false), first read at first, may be taken over: the
+// fencing delay after first, and only once the view has caught up past
+// first — the registry watcher has delivered a write of this node's own
+// issued after first, so every registration that completed before first
+// (a claimer registers before it claims) is in the view. Until the view
+// has caught up it returns a time one heartbeat ahead: ask again then. A
+// registry without a leader thus holds takeovers of unknown generations
+// back, never lets them through.
+func (m *Membership) UnseenTakeoverAt(first time.Time) time.Time {
+	at := first.Add(m.cfg.FencingDelay)
+	m.covMu.Lock()
+	covered := m.covered
+	m.covMu.Unlock()
+	if !covered.After(first) {
+		if next := time.Now().Add(m.cfg.Heartbeat); next.After(at) {
+			return next
+		}
+		return at
+	}
+	if time.Now().Before(at) {
+		return at
+	}
+	return time.Time{}
+}
+
+// Hosting returns the live generations that host kind and take new
+// placements (not draining), sorted by name.
+func (m *Membership) Hosting(kind string) []subjects.NodeID {
+	m.mu.RLock()
+	var out []subjects.NodeID
+	for _, v := range m.live {
+		if v.Hosts(kind) && !v.Draining {
+			out = append(out, v.Node)
+		}
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(out, func(a, b subjects.NodeID) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// OnEvent registers f for every membership event from now on; it returns a
+// function that unregisters it. f runs on the watcher goroutine, one event at
+// a time, never under a lock; it must not block for long.
+func (m *Membership) OnEvent(f func(Event)) (cancel func()) {
+	m.mu.Lock()
+	id := m.nextL
+	m.nextL++
+	m.listeners[id] = f
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		delete(m.listeners, id)
+		m.mu.Unlock()
+	}
+}
+
+func (m *Membership) emit(e Event) {
+	m.mu.RLock()
+	ls := make([]func(Event), 0, len(m.listeners))
+	for _, f := range m.listeners {
+		ls = append(ls, f)
+	}
+	m.mu.RUnlock()
+	for _, f := range ls {
+		f(e)
+	}
+}
+
+// depart removes node's generation from the live set and emits the event,
+// once per generation. since is when the departure happened, if known.
+func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, reason string) bool {
+	now := time.Now()
+	m.mu.Lock()
+	v, ok := m.live[node.Name]
+	if !ok || v.Node != node {
+		m.mu.Unlock()
+		return false
+	}
+	delete(m.live, node.Name)
+	m.departed[node] = now
+	keep := m.departedMemory()
+	for n, at := range m.departed { // bounded: only recent departures
+		if now.Sub(at) > keep {
+			delete(m.departed, n)
+		}
+	}
+	m.mu.Unlock()
+	var lat time.Duration
+	switch {
+	case t == Expired:
+		lat = now.Sub(v.BeatAt)
+	case !since.IsZero():
+		lat = now.Sub(since)
+	}
+	lat = max(lat, 0)
+	if v.Subscriber {
+		// meshctl subscribe and the like come and go with CLI use.
+		m.log.Debug("subscriber departed", "departed", node.String(), "how", t.String(), "reason", reason)
+	} else {
+		m.log.Info("node departed", "departed", node.String(), "how", t.String(), "reason", reason, "detected_after", lat.String())
+	}
+	m.emit(Event{Type: t, Member: v.Member, At: now, Latency: lat, Reason: reason})
+	return true
+}
