@@ -25,6 +25,7 @@ import (
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/internal/envflag"
+	"github.com/natsmesh/natsmesh/internal/natsurl"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -97,8 +98,8 @@ http/protobuf; OTEL_SERVICE_NAME (default meshd), OTEL_TRACES_SAMPLER and
 OTEL_BSP_* apply. An invalid value is a configuration error.
 
 Exit codes: 0 after a clean drain; 1 bad usage or configuration (unknown
-flag, invalid name, address or duration, invalid environment value, unknown
-hub kind); 2 the node could not start (port in use, NATS unreachable, no
+flag, invalid name, address or duration, malformed NATS URL, invalid
+environment value, unknown hub kind); 2 the node could not start (port in use, NATS unreachable, no
 JetStream for the membership), its drain was cut short by --drain-timeout,
 or a newer incarnation of its name took over; 130 a second signal during
 the drain.`,
@@ -115,7 +116,12 @@ the drain.`,
 	f.Var(checked(&o.name, subjects.ValidateNodeName), "name", "node name, [A-Za-z0-9_-]{1,64}; the default is the host name")
 	f.Var(checked(&o.prefix, func(v string) error { return subjects.Prefix(v).Validate() }), "prefix", "subject prefix")
 	f.StringVar(&o.hubs, "hubs", strings.Join(hubs.Names(), ","), "comma-separated hub kinds to host")
-	f.StringVar(&o.natsURL, "nats-url", "", "join this external NATS cluster instead of running an embedded server; comma-separated URLs")
+	f.Var(checked(&o.natsURL, func(v string) error {
+		if v == "" {
+			return nil
+		}
+		return natsurl.Validate(v)
+	}), "nats-url", "join this external NATS cluster instead of running an embedded server; comma-separated URLs (nats://HOST:PORT, tls://, ws://, wss://)")
 	f.StringVar(&o.listen, "listen", daemon.DefaultListen, "embedded NATS server client address")
 	f.StringVar(&o.dataDir, "data-dir", daemon.DefaultDataDir, "embedded NATS server JetStream directory")
 	f.BoolVar(&o.auth, "auth", false, "secure the embedded NATS server: nkey users for the node, client and operator permission profiles, seeds generated into --auth-dir; meshd connects as node (SECURITY.md)")
