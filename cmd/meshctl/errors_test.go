@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
 )
 
 // badURLs are malformed NATS server URLs a trial gave (issue 24) and their
@@ -69,4 +71,37 @@ func TestMalformedURL(t *testing.T) {
 	// A well-formed list is dialed: an unreachable one is still exit 2.
 	r := meshctl(t, nil, "", "--server", "nats://127.0.0.1:1, 127.0.0.1:2", "nodes")
 	wantCode(t, r, exitNoNATS)
+}
+
+// TestLoginRefused: a server that refuses the login (Authorization
+// Violation) is exit 2 as before, in one line that says the login was
+// refused and how to give credentials — naming the ones given, if any, and
+// where they came from.
+func TestLoginRefused(t *testing.T) {
+	s := natstest.RunConfig(t, `authorization: {users: [{user: op, password: secret}]}`)
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"no credentials", nil, nil, "no credentials were given"},
+		{"wrong password", nil, []string{"--user", "op", "--password", "wrong"}, "the user and password of --user"},
+		{"wrong password from the environment", map[string]string{"NATS_USER": "op", "NATS_PASSWORD": "wrong"}, nil, "the user and password of NATS_USER"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			r := meshctl(t, s, "", append(tc.args, "nodes")...)
+			wantCode(t, r, exitNoNATS)
+			for _, want := range []string{"refused the login", "Authorization Violation", tc.want,
+				"--creds", "--user", "--password", "--nkey", "nats context", "operator profile"} {
+				if !strings.Contains(r.stderr, want) {
+					t.Errorf("stderr %q lacks %q", r.stderr, want)
+				}
+			}
+		})
+	}
+	wantCode(t, meshctl(t, s, "", "--user", "op", "--password", "secret", "nodes"), exitVerdict) // logged in; no node
 }

@@ -61,7 +61,8 @@ Exit codes:
   0    success
   1    bad usage or invalid input (unknown flag or command, bad address,
        malformed NATS URL, payload over the server's max_payload, ...)
-  2    cannot reach NATS (connection refused, authorization failed, ...),
+  2    cannot reach NATS (connection refused, ...) or the login refused
+       (the line names the credential options and the profile needed),
        the server refused an operation as a permissions violation (the
        NATS user's profile does not allow it: SECURITY.md), or no
        JetStream on the account (subscribe needs the membership)

@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
 )
 
 // TestMalformedNATSURL: a malformed --nats-url or MESHD_NATS_URL is bad
@@ -29,5 +31,37 @@ func TestMalformedNATSURL(t *testing.T) {
 		if strings.Contains(stderr, "lookup") || strings.Contains(stderr, "connect") {
 			t.Errorf("%q: reported as a connection failure: %q", u, stderr)
 		}
+	}
+}
+
+// TestLoginRefused: a server refusing the node's login (Authorization
+// Violation) is exit 2, as a start that failed, in one line that says the
+// login was refused and how to give the node's credentials — naming the
+// ones given, if any, and where they came from.
+func TestLoginRefused(t *testing.T) {
+	s := natstest.RunConfig(t, `authorization: {users: [{user: node, password: secret}]}`)
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"no credentials", nil, nil, "no credentials were given"},
+		{"wrong password", nil, []string{"--user", "node", "--password", "wrong"}, "the user and password of --user"},
+		{"wrong password from the environment", map[string]string{"MESHD_USER": "node", "MESHD_PASSWORD": "wrong"}, nil, "the user and password of MESHD_USER"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runMeshd(t, tc.env, append(tc.args, "--nats-url", s.ClientURL(), "--name", "n1", "--http=", "--log-level=error")...)
+			if code != 2 {
+				t.Fatalf("exit %d (%q), want 2", code, stderr)
+			}
+			oneLineStartingWith(t, stderr, "meshd: ")
+			for _, want := range []string{"refused the login", "Authorization Violation", tc.want,
+				"--creds", "--user", "--password", "--nkey", "node profile"} {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("stderr %q lacks %q", stderr, want)
+				}
+			}
+		})
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/mattn/go-isatty"
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -46,6 +47,8 @@ type options struct {
 	replace                                             bool
 	kvReplicas                                          int
 	stateReplicas, stateMaxValue                        int
+
+	env *envflag.Set // where each flag's value came from
 }
 
 // defaultName is the host name, cut to a valid node name.
@@ -99,10 +102,11 @@ OTEL_BSP_* apply. An invalid value is a configuration error.
 
 Exit codes: 0 after a clean drain; 1 bad usage or configuration (unknown
 flag, invalid name, address or duration, malformed NATS URL, invalid
-environment value, unknown hub kind); 2 the node could not start (port in use, NATS unreachable, no
-JetStream for the membership), its drain was cut short by --drain-timeout,
-or a newer incarnation of its name took over; 130 a second signal during
-the drain.`,
+environment value, unknown hub kind); 2 the node could not start (port in
+use, NATS unreachable, the login refused: the line says which credentials
+to give, no JetStream for the membership), its drain was cut short by
+--drain-timeout, or a newer incarnation of its name took over; 130 a second
+signal during the drain.`,
 		Version:       buildinfo.Read().String(),
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
@@ -154,6 +158,7 @@ the drain.`,
 		return nil
 	}), "log-level", "debug, info, warn or error")
 	env := envflag.New(f)
+	o.env = env
 	f.VisitAll(func(fl *pflag.Flag) {
 		env.Bind(fl.Name, "MESHD_"+strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_")))
 	})
@@ -250,7 +255,38 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 	if errors.Is(err, daemon.ErrInvalidConfig) {
 		return usageError{err}
 	}
+	if loginRefused(err) {
+		return fmt.Errorf("%w: the server refused the login: %s", err, o.loginHint())
+	}
 	return err
+}
+
+// loginRefused reports whether err is the NATS server refusing the node's
+// login (no, wrong, expired or revoked credentials), as opposed to a server
+// that cannot be reached.
+func loginRefused(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
+}
+
+// loginHint says what to do about a refused login: the credentials used and
+// where they came from, or that none were given, and the options that give
+// them with the permission profile a node needs.
+func (o options) loginHint() string {
+	var used string
+	switch {
+	case o.creds != "":
+		used = "the credentials file of " + o.env.Origin("creds")
+	case o.nkey != "":
+		used = "the nkey seed of " + o.env.Origin("nkey")
+	case o.user != "":
+		used = "the user and password of " + o.env.Origin("user")
+	}
+	give := "--creds FILE, --nkey FILE or --user NAME with --password (MESHD_CREDS, MESHD_NKEY, MESHD_USER/MESHD_PASSWORD) of a user with the node profile (SECURITY.md, docs/operations.md)"
+	if used == "" {
+		return "no credentials were given; give " + give
+	}
+	return "it does not accept " + used + "; check them, or give " + give
 }
 
 func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
