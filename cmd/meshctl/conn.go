@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/natsmesh/natsmesh/internal/natsauth"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -85,20 +86,12 @@ func (g *globals) dial(name string, extra ...nats.Option) (*nats.Conn, error) {
 		if g.contextName != "" {
 			from = fmt.Sprintf(" (with nats context %q)", g.contextName)
 		}
-		if loginRefused(err) {
+		if natsauth.LoginRefused(err) {
 			return nil, exitf(exitNoNATS, "NATS at %s%s refused the login (%v): %s", g.server, from, err, g.loginHint())
 		}
 		return nil, exitf(exitNoNATS, "cannot connect to NATS at %s%s: %v", g.server, from, err)
 	}
 	return nc, nil
-}
-
-// loginRefused reports whether a connect error is the server refusing the
-// client's login (no, wrong, expired or revoked credentials), as opposed to
-// a server that cannot be reached.
-func loginRefused(err error) bool {
-	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
-		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
 }
 
 // credentialOptions names meshctl's ways to log in, for a hint.

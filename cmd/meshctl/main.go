@@ -24,6 +24,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/internal/envflag"
+	"github.com/natsmesh/natsmesh/internal/natsauth"
 	"github.com/natsmesh/natsmesh/internal/natsurl"
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -208,7 +209,11 @@ func (g *globals) resolve(fs *pflag.FlagSet) error {
 	}
 	c, err := loadContext(name)
 	if err != nil {
-		return usageErrorf("--context: %v", err)
+		from := g.origin("context")
+		if g.context == "" {
+			from = "the nats context selected with `nats context select`"
+		}
+		return usageErrorf("%s: %v", from, err)
 	}
 	g.fromContext = map[string]bool{}
 	set := func(flag string, dst *string, v string) {
@@ -293,7 +298,7 @@ func (g *globals) validate() error {
 		}
 	}
 	if len(given) > 1 {
-		return usageErrorf("give one of --creds, --nkey and --user, not %s", strings.Join(given, " and "))
+		return usageErrorf("give one of --creds, --nkey and --user, not both %s", strings.Join(given, " and "))
 	}
 	if (g.tlsCert == "") != (g.tlsKey == "") {
 		flag := "tls-cert"
@@ -302,14 +307,26 @@ func (g *globals) validate() error {
 		}
 		return usageErrorf("a TLS client certificate needs both --tls-cert and --tls-key; only %s is given", g.origin(flag))
 	}
-	for _, f := range []struct{ flag, path string }{
-		{"creds", g.creds}, {"nkey", g.nkey}, {"tls-cert", g.tlsCert}, {"tls-key", g.tlsKey}, {"tls-ca", g.tlsCA},
+	// The files are read as nats.go will read them, so that a bad one is
+	// bad input naming its setting, not a failed connection.
+	for _, f := range []struct {
+		flag, path string
+		check      func(string) error
+	}{
+		{"creds", g.creds, natsauth.CheckCreds}, {"nkey", g.nkey, natsauth.CheckNKey},
+		{"tls-cert", g.tlsCert, natsauth.CheckReadable}, {"tls-key", g.tlsKey, natsauth.CheckReadable},
+		{"tls-ca", g.tlsCA, natsauth.CheckCA},
 	} {
 		if f.path == "" {
 			continue
 		}
-		if _, err := os.Stat(f.path); err != nil {
-			return usageErrorf("%s: %v", g.origin(f.flag), err)
+		if err := f.check(f.path); err != nil {
+			return usageErrorf("invalid %s: %v", g.setting(f.flag, f.path), err)
+		}
+	}
+	if g.tlsCert != "" {
+		if err := natsauth.CheckClientCert(g.tlsCert, g.tlsKey); err != nil {
+			return usageErrorf("invalid %s and %s: %v", g.setting("tls-cert", g.tlsCert), g.setting("tls-key", g.tlsKey), err)
 		}
 	}
 	return nil
