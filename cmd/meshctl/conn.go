@@ -83,7 +83,10 @@ func (g *globals) dial(name string, extra ...nats.Option) (*nats.Conn, error) {
 	nc, err := nats.Connect(g.server, opts...)
 	if err != nil {
 		from := ""
-		if g.contextName != "" {
+		switch {
+		case g.env.Source("server") != "":
+			from = " (" + g.env.Source("server") + ")"
+		case g.contextName != "":
 			from = fmt.Sprintf(" (with nats context %q)", g.contextName)
 		}
 		if natsauth.LoginRefused(err) {

@@ -72,9 +72,16 @@ func TestMalformedURL(t *testing.T) {
 			})
 		}
 	}
-	// A well-formed list is dialed: an unreachable one is still exit 2.
+	// A well-formed list is dialed: an unreachable one is still exit 2,
+	// naming the variable it came from.
 	r := meshctl(t, nil, "", "--server", "nats://127.0.0.1:1, 127.0.0.1:2", "nodes")
 	wantCode(t, r, exitNoNATS)
+	t.Setenv("NATS_URL", "nats://127.0.0.1:1")
+	r = meshctl(t, nil, "", "nodes")
+	wantCode(t, r, exitNoNATS)
+	if !strings.Contains(r.stderr, "cannot connect to NATS at nats://127.0.0.1:1 (NATS_URL)") {
+		t.Errorf("stderr %q does not name NATS_URL", r.stderr)
+	}
 }
 
 // TestLoginRefused: a server that refuses the login (Authorization

@@ -211,11 +211,6 @@ func tryListen(addr string) error {
 	return ln.Close()
 }
 
-// loginRefused reports whether err is the NATS server refusing the node's
-// login (no, wrong, expired or revoked credentials), as opposed to a server
-// that cannot be reached.
-func loginRefused(err error) bool { return natsauth.LoginRefused(err) }
-
 // loginHint says what to do about a refused login: the credentials used and
 // where they came from, or that none were given, and the options that give
 // them with the permission profile a node needs.

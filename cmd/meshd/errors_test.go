@@ -139,6 +139,7 @@ func TestEveryVariableNamedInItsError(t *testing.T) {
 		{"MESHD_NAME", map[string]string{"MESHD_NAME": "bad.name"}, 1},
 		{"MESHD_NAME", map[string]string{"MESHD_NAME": ""}, 1},
 		{"MESHD_NATS_URL", map[string]string{"MESHD_NATS_URL": "nats//127.0.0.1::4222"}, 1},
+		{"MESHD_NATS_URL", map[string]string{"MESHD_NATS_URL": "nats://127.0.0.1:1"}, 2}, // unreachable
 		{"MESHD_NKEY", map[string]string{"MESHD_NKEY": missing, "MESHD_NATS_URL": ext}, 1},
 		{"MESHD_NKEY", map[string]string{"MESHD_NKEY": garbage, "MESHD_NATS_URL": ext}, 1},
 		{"MESHD_PASSWORD", map[string]string{"MESHD_PASSWORD": "secret", "MESHD_NATS_URL": ext}, 1}, // no user

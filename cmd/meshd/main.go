@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/mattn/go-isatty"
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -268,8 +269,11 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 	if errors.Is(err, daemon.ErrInvalidConfig) {
 		return usageError{err}
 	}
-	if loginRefused(err) {
+	if natsauth.LoginRefused(err) {
 		return fmt.Errorf("%w: the server refused the login: %s", err, o.loginHint())
+	}
+	if errors.Is(err, nats.ErrNoServers) && o.natsURL != "" {
+		return fmt.Errorf("%w (the URL of %s)", err, o.env.Origin("nats-url"))
 	}
 	return err
 }
