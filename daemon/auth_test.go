@@ -182,3 +182,18 @@ func TestNegativeSettingNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestMalformedNATSURL: a malformed NATSURL is an invalid config, found
+// before anything is dialed.
+func TestMalformedNATSURL(t *testing.T) {
+	for _, u := range []string{"nats//127.0.0.1::4222", "nats://127.0.0.1::4222", "http://x", " "} {
+		cfg := Config{Name: "n", NATSURL: u}
+		if err := cfg.validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "NATSURL") {
+			t.Errorf("NATSURL %q: %v, want ErrInvalidConfig naming NATSURL", u, err)
+		}
+	}
+	cfg := Config{Name: "n", NATSURL: "nats://nats-1:4222, nats://nats-2:4222"}
+	if err := cfg.validate(); err != nil {
+		t.Errorf("a well-formed list: %v", err)
+	}
+}

@@ -32,6 +32,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/hubs"
+	"github.com/natsmesh/natsmesh/internal/natsurl"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/profiles"
@@ -62,7 +63,8 @@ type Config struct {
 	// addition to the built-in ones (package hubs).
 	Kinds map[string]hub.Factory
 
-	// NATSURL joins an external NATS cluster (comma-separated URLs);
+	// NATSURL joins an external NATS cluster (comma-separated URLs,
+	// checked before dialing: a malformed one is ErrInvalidConfig);
 	// empty means run an embedded server.
 	NATSURL string
 	// Listen is the embedded server's client address; zero means
@@ -175,6 +177,11 @@ func (c *Config) validate() error {
 	}
 	if err := c.Prefix.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.NATSURL != "" {
+		if err := natsurl.Validate(c.NATSURL); err != nil {
+			return fmt.Errorf("%w: NATSURL %q: %w", ErrInvalidConfig, c.NATSURL, err)
+		}
 	}
 	if c.Listen == "" {
 		c.Listen = DefaultListen

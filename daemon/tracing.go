@@ -32,6 +32,24 @@ func TracingEnabledByEnv() bool {
 	return true
 }
 
+// checkOTELEnv checks the variables that choose the exporter, so that an
+// invalid one is named with its value (autoexport's own errors name
+// neither).
+func checkOTELEnv() error {
+	if e := os.Getenv("OTEL_TRACES_EXPORTER"); e != "" && e != "otlp" && e != "console" && e != "none" {
+		return fmt.Errorf("invalid OTEL_TRACES_EXPORTER=%q (want otlp, console or none)", e)
+	}
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if p := os.Getenv(k); p != "" {
+			if p != "grpc" && p != "http/protobuf" {
+				return fmt.Errorf("invalid %s=%q (want grpc or http/protobuf)", k, p)
+			}
+			break // the first one set is the one used
+		}
+	}
+	return nil
+}
+
 // TracerProviderFromEnv builds an OpenTelemetry SDK tracer provider from
 // the standard OTEL_* environment (go.opentelemetry.io/contrib/exporters/
 // autoexport): OTEL_TRACES_EXPORTER (otlp, console, none),
@@ -41,11 +59,15 @@ func TracingEnabledByEnv() bool {
 // (OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG) and the batch processor's
 // OTEL_BSP_* settings. The service name defaults to "meshd" and the
 // service instance to the node name. It returns nil, nil when
-// [TracingEnabledByEnv] is false, and an error for an invalid value. The
+// [TracingEnabledByEnv] is false, and an error matching ErrInvalidConfig
+// for an invalid exporter or protocol, naming the variable and its value. The
 // caller shuts the provider down (flushing its spans).
 func TracerProviderFromEnv(ctx context.Context, node string) (*sdktrace.TracerProvider, error) {
 	if !TracingEnabledByEnv() {
 		return nil, nil
+	}
+	if err := checkOTELEnv(); err != nil {
+		return nil, fmt.Errorf("%w: OpenTelemetry environment: %w", ErrInvalidConfig, err)
 	}
 	exp, err := autoexport.NewSpanExporter(ctx)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -164,14 +165,22 @@ func TestTracingEnv(t *testing.T) {
 		t.Fatal("OTEL_SDK_DISABLED=true traces")
 	}
 	t.Setenv("OTEL_SDK_DISABLED", "")
-	for _, bad := range [][2]string{{"OTEL_TRACES_EXPORTER", "jaegerx"}, {"OTEL_EXPORTER_OTLP_PROTOCOL", "smoke-signals"}} {
+	for _, bad := range [][2]string{
+		{"OTEL_TRACES_EXPORTER", "jaegerx"}, {"OTEL_EXPORTER_OTLP_PROTOCOL", "smoke-signals"},
+		{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"},
+	} {
 		t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
 		t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+		t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
 		t.Setenv(bad[0], bad[1])
 		err := Run(context.Background(), Config{Name: "badenv", Listen: "127.0.0.1:0", DataDir: t.TempDir(), TracingFromEnv: true,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s=%s: %v, want ErrInvalidConfig", bad[0], bad[1], err)
+		}
+		// The error names the variable and its value (issue 24).
+		if want := fmt.Sprintf("%s=%q", bad[0], bad[1]); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s=%s: %v does not name %s", bad[0], bad[1], err, want)
 		}
 	}
 }

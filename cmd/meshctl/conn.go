@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/natsmesh/natsmesh/internal/natsauth"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -82,12 +83,43 @@ func (g *globals) dial(name string, extra ...nats.Option) (*nats.Conn, error) {
 	nc, err := nats.Connect(g.server, opts...)
 	if err != nil {
 		from := ""
-		if g.contextName != "" {
+		switch {
+		case g.env.Source("server") != "":
+			from = " (" + g.env.Source("server") + ")"
+		case g.contextName != "":
 			from = fmt.Sprintf(" (with nats context %q)", g.contextName)
+		}
+		if natsauth.LoginRefused(err) {
+			return nil, exitf(exitNoNATS, "NATS at %s%s refused the login (%v): %s", g.server, from, err, g.loginHint())
 		}
 		return nil, exitf(exitNoNATS, "cannot connect to NATS at %s%s: %v", g.server, from, err)
 	}
 	return nc, nil
+}
+
+// credentialOptions names meshctl's ways to log in, for a hint.
+const credentialOptions = "--creds FILE, --user NAME with --password, --nkey FILE (NATS_CREDS, NATS_USER/NATS_PASSWORD, NATS_NKEY) or a nats context (--context NAME)"
+
+// loginHint says what to do about a refused login: which credentials were
+// used and where they came from, or that none were given, and the options
+// that give them with the permission profile meshctl needs.
+func (g *globals) loginHint() string {
+	var used string
+	switch {
+	case g.creds != "":
+		used = "the credentials file of " + g.origin("creds")
+	case g.nkey != "":
+		used = "the nkey seed of " + g.origin("nkey")
+	case g.user != "":
+		used = "the user and password of " + g.origin("user")
+	case g.token != "":
+		used = fmt.Sprintf("the token of nats context %q", g.contextName)
+	}
+	profile := "a user with the operator profile (the client profile suffices for send and request; subscribe needs the node profile; SECURITY.md)"
+	if used == "" {
+		return "no credentials were given; log in with " + credentialOptions + " as " + profile
+	}
+	return "it does not accept " + used + "; check them, or log in with " + credentialOptions + " as " + profile
 }
 
 // natsError maps an error of a NATS operation to its exit code: a timeout

@@ -24,6 +24,8 @@ import (
 
 	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/internal/envflag"
+	"github.com/natsmesh/natsmesh/internal/natsauth"
+	"github.com/natsmesh/natsmesh/internal/natsurl"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -59,8 +61,9 @@ MESHCTL_TIMEOUT. An invalid value is an error naming its variable.
 Exit codes:
   0    success
   1    bad usage or invalid input (unknown flag or command, bad address,
-       payload over the server's max_payload, ...)
-  2    cannot reach NATS (connection refused, authorization failed, ...),
+       malformed NATS URL, payload over the server's max_payload, ...)
+  2    cannot reach NATS (connection refused, ...) or the login refused
+       (the line names the credential options and the profile needed),
        the server refused an operation as a permissions violation (the
        NATS user's profile does not allow it: SECURITY.md), or no
        JetStream on the account (subscribe needs the membership)
@@ -165,8 +168,10 @@ type globals struct {
 	inboxPrefix string
 	tlsFirst    bool
 
-	otherPrefixes []string // found by discover: nodes of other meshes
-	contextName   string   // the nats context in use, if any
+	otherPrefixes []string        // found by discover: nodes of other meshes
+	contextName   string          // the nats context in use, if any
+	contextPath   string          // its file
+	fromContext   map[string]bool // the flags whose value came from the context
 
 	env            *envflag.Set
 	stdout, stderr io.Writer
@@ -204,15 +209,21 @@ func (g *globals) resolve(fs *pflag.FlagSet) error {
 	}
 	c, err := loadContext(name)
 	if err != nil {
-		return usageErrorf("--context: %v", err)
+		from := g.origin("context")
+		if g.context == "" {
+			from = "the nats context selected with `nats context select`"
+		}
+		return usageErrorf("%s: %v", from, err)
 	}
+	g.fromContext = map[string]bool{}
 	set := func(flag string, dst *string, v string) {
 		if v != "" && !fs.Changed(flag) {
 			*dst = v
+			g.fromContext[flag] = true
 		}
 	}
 	set("server", &g.server, c.URL)
-	g.contextName = c.Name
+	g.contextName, g.contextPath = c.Name, c.Path
 	// The context's credentials only if no credentials were given.
 	if !fs.Changed("creds") && !fs.Changed("nkey") && !fs.Changed("user") {
 		if c.NSC != "" && c.Creds == "" {
@@ -233,45 +244,89 @@ func (g *globals) resolve(fs *pflag.FlagSet) error {
 	return nil
 }
 
-// validate checks the global flags before any command runs.
+// contextKeys are the nats context's field names of the flags it can set.
+var contextKeys = map[string]string{
+	"server": "url", "creds": "creds", "nkey": "nkey", "user": "user", "password": "password",
+	"tls-cert": "cert", "tls-key": "key", "tls-ca": "ca",
+}
+
+// origin names where a global flag's value came from, for an error about
+// it: its environment variable, the nats context, or the flag.
+func (g *globals) origin(flag string) string {
+	if k := g.env.Source(flag); k != "" {
+		return k
+	}
+	if g.fromContext[flag] {
+		return fmt.Sprintf("%s of nats context %q", contextKeys[flag], g.contextName)
+	}
+	return "--" + flag
+}
+
+// setting is origin with the value: NATS_URL="…", --server="…", or
+// url "…" of nats context "prod" (…/prod.json).
+func (g *globals) setting(flag string, value any) string {
+	if g.env.Source(flag) == "" && g.fromContext[flag] {
+		return fmt.Sprintf("%s %q of nats context %q (%s)", contextKeys[flag], fmt.Sprint(value), g.contextName, g.contextPath)
+	}
+	return fmt.Sprintf("%s=%q", g.origin(flag), fmt.Sprint(value))
+}
+
+// validate checks the global flags before any command runs; an error names
+// the flag, environment variable or nats context the bad value came from.
 func (g *globals) validate() error {
 	switch g.output {
 	case "table", "json":
 	default:
-		return usageErrorf("invalid --output %q (want table or json)", g.output)
+		return usageErrorf("invalid %s (want table or json)", g.setting("output", g.output))
 	}
 	if _, err := subjects.ParsePrefix(g.prefix); err != nil {
-		return usageErrorf("invalid --prefix: %v", err)
+		return usageErrorf("invalid %s: %v", g.setting("prefix", g.prefix), err)
 	}
 	if g.timeout <= 0 {
-		return usageErrorf("invalid --timeout %v (want > 0)", g.timeout)
+		return usageErrorf("invalid %s (want > 0)", g.setting("timeout", g.timeout))
 	}
-	if g.server == "" {
-		return usageErrorf("empty --server")
+	if err := natsurl.Validate(g.server); err != nil {
+		return usageErrorf("invalid %s: %v", g.setting("server", g.server), err)
 	}
 	if g.password != "" && g.user == "" {
-		return usageErrorf("--password needs --user")
+		return usageErrorf("%s needs --user (NATS_USER)", g.origin("password"))
 	}
-	n := 0
-	for _, v := range []string{g.creds, g.nkey, g.user} {
-		if v != "" {
-			n++
+	var given []string
+	for _, f := range []struct{ flag, v string }{{"creds", g.creds}, {"nkey", g.nkey}, {"user", g.user}} {
+		if f.v != "" {
+			given = append(given, g.origin(f.flag))
 		}
 	}
-	if n > 1 {
-		return usageErrorf("give one of --creds, --nkey and --user")
+	if len(given) > 1 {
+		return usageErrorf("give one of --creds, --nkey and --user, not both %s", strings.Join(given, " and "))
 	}
 	if (g.tlsCert == "") != (g.tlsKey == "") {
-		return usageErrorf("a TLS client certificate needs both --tls-cert and --tls-key")
+		flag := "tls-cert"
+		if g.tlsCert == "" {
+			flag = "tls-key"
+		}
+		return usageErrorf("a TLS client certificate needs both --tls-cert and --tls-key; only %s is given", g.origin(flag))
 	}
-	for _, f := range []struct{ flag, path string }{
-		{"--creds", g.creds}, {"--nkey", g.nkey}, {"--tls-cert", g.tlsCert}, {"--tls-key", g.tlsKey}, {"--tls-ca", g.tlsCA},
+	// The files are read as nats.go will read them, so that a bad one is
+	// bad input naming its setting, not a failed connection.
+	for _, f := range []struct {
+		flag, path string
+		check      func(string) error
+	}{
+		{"creds", g.creds, natsauth.CheckCreds}, {"nkey", g.nkey, natsauth.CheckNKey},
+		{"tls-cert", g.tlsCert, natsauth.CheckReadable}, {"tls-key", g.tlsKey, natsauth.CheckReadable},
+		{"tls-ca", g.tlsCA, natsauth.CheckCA},
 	} {
 		if f.path == "" {
 			continue
 		}
-		if _, err := os.Stat(f.path); err != nil {
-			return usageErrorf("%s: %v", f.flag, err)
+		if err := f.check(f.path); err != nil {
+			return usageErrorf("invalid %s: %v", g.setting(f.flag, f.path), err)
+		}
+	}
+	if g.tlsCert != "" {
+		if err := natsauth.CheckClientCert(g.tlsCert, g.tlsKey); err != nil {
+			return usageErrorf("invalid %s and %s: %v", g.setting("tls-cert", g.tlsCert), g.setting("tls-key", g.tlsKey), err)
 		}
 	}
 	return nil

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/mattn/go-isatty"
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -25,6 +26,8 @@ import (
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/internal/envflag"
+	"github.com/natsmesh/natsmesh/internal/natsauth"
+	"github.com/natsmesh/natsmesh/internal/natsurl"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -33,6 +36,12 @@ import (
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, nil))
 }
+
+// The registry's defaults, for the heartbeat and TTL flags.
+const (
+	defaultHeartbeat = membership.DefaultHeartbeat
+	defaultTTL       = membership.DefaultTTL
+)
 
 // options are meshd's flags.
 type options struct {
@@ -45,6 +54,8 @@ type options struct {
 	replace                                             bool
 	kvReplicas                                          int
 	stateReplicas, stateMaxValue                        int
+
+	env *envflag.Set // where each flag's value came from
 }
 
 // defaultName is the host name, cut to a valid node name.
@@ -88,7 +99,10 @@ it. A second signal exits at once.
 Every flag can also be set by the environment variable in its help text
 (MESHD_ and the flag's name in capitals, e.g. MESHD_DRAIN_TIMEOUT=10s); the
 command line wins. A value the flag would reject is an error naming the
-variable: durations need a unit (10s, not 10), booleans are true or false.
+variable: durations need a unit (10s, not 10) and are not negative, booleans
+are true or false, the credential and TLS files are read and checked before
+connecting. So are errors about two settings together (the TTL not above the
+heartbeat) and a port in use or a data directory that cannot be made.
 
 Tracing (OpenTelemetry) is off unless the standard OTEL_* environment asks
 for it: OTEL_TRACES_EXPORTER=otlp (or console), or an OTLP endpoint
@@ -97,11 +111,12 @@ http/protobuf; OTEL_SERVICE_NAME (default meshd), OTEL_TRACES_SAMPLER and
 OTEL_BSP_* apply. An invalid value is a configuration error.
 
 Exit codes: 0 after a clean drain; 1 bad usage or configuration (unknown
-flag, invalid name, address or duration, invalid environment value, unknown
-hub kind); 2 the node could not start (port in use, NATS unreachable, no
-JetStream for the membership), its drain was cut short by --drain-timeout,
-or a newer incarnation of its name took over; 130 a second signal during
-the drain.`,
+flag, invalid name, address or duration, malformed NATS URL, invalid
+environment value, unknown hub kind); 2 the node could not start (port in
+use, NATS unreachable, the login refused: the line says which credentials
+to give, no JetStream for the membership), its drain was cut short by
+--drain-timeout, or a newer incarnation of its name took over; 130 a second
+signal during the drain.`,
 		Version:       buildinfo.Read().String(),
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
@@ -114,29 +129,32 @@ the drain.`,
 	o.name, o.prefix = defaultName(), string(subjects.DefaultPrefix)
 	f.Var(checked(&o.name, subjects.ValidateNodeName), "name", "node name, [A-Za-z0-9_-]{1,64}; the default is the host name")
 	f.Var(checked(&o.prefix, func(v string) error { return subjects.Prefix(v).Validate() }), "prefix", "subject prefix")
-	f.StringVar(&o.hubs, "hubs", strings.Join(hubs.Names(), ","), "comma-separated hub kinds to host")
-	f.StringVar(&o.natsURL, "nats-url", "", "join this external NATS cluster instead of running an embedded server; comma-separated URLs")
-	f.StringVar(&o.listen, "listen", daemon.DefaultListen, "embedded NATS server client address")
-	f.StringVar(&o.dataDir, "data-dir", daemon.DefaultDataDir, "embedded NATS server JetStream directory")
+	o.hubs = strings.Join(hubs.Names(), ",")
+	f.Var(checked(&o.hubs, checkKinds), "hubs", "comma-separated hub kinds to host")
+	f.Var(checked(&o.natsURL, optional(natsurl.Validate)), "nats-url", "join this external NATS cluster instead of running an embedded server; comma-separated URLs (nats://HOST:PORT, tls://, ws://, wss://)")
+	o.listen, o.dataDir = daemon.DefaultListen, daemon.DefaultDataDir
+	f.Var(checked(&o.listen, checkAddr), "listen", "embedded NATS server client address")
+	f.Var(checked(&o.dataDir, checkDir), "data-dir", "embedded NATS server JetStream directory")
 	f.BoolVar(&o.auth, "auth", false, "secure the embedded NATS server: nkey users for the node, client and operator permission profiles, seeds generated into --auth-dir; meshd connects as node (SECURITY.md)")
-	f.StringVar(&o.authDir, "auth-dir", "", "where --auth keeps the seeds node.nk, client.nk, operator.nk (mode 0600); empty means <data-dir>/auth")
+	f.Var(checked(&o.authDir, optional(checkDir)), "auth-dir", "where --auth keeps the seeds node.nk, client.nk, operator.nk (mode 0600); empty means <data-dir>/auth")
 	f.BoolVar(&o.insecureListen, "insecure-listen", false, "let the embedded NATS server listen beyond loopback without --auth")
-	f.StringVar(&o.creds, "creds", "", "NATS credentials file")
-	f.StringVar(&o.nkey, "nkey", "", "NATS nkey seed file")
+	f.Var(checked(&o.creds, optional(natsauth.CheckCreds)), "creds", "NATS credentials file")
+	f.Var(checked(&o.nkey, optional(natsauth.CheckNKey)), "nkey", "NATS nkey seed file")
 	f.StringVar(&o.user, "user", "", "NATS user")
 	f.StringVar(&o.password, "password", "", "NATS password")
-	f.StringVar(&o.tlsCert, "tls-cert", "", "TLS client certificate file")
-	f.StringVar(&o.tlsKey, "tls-key", "", "TLS client key file")
-	f.StringVar(&o.tlsCA, "tls-ca", "", "TLS CA file to verify the NATS servers")
-	f.StringVar(&o.http, "http", "127.0.0.1:7070", "address of /metrics, /healthz, /readyz; empty disables")
-	f.DurationVar(&o.drainTimeout, "drain-timeout", daemon.DefaultDrainTimeout, "bound on the drain at shutdown")
+	f.Var(checked(&o.tlsCert, optional(natsauth.CheckReadable)), "tls-cert", "TLS client certificate file")
+	f.Var(checked(&o.tlsKey, optional(natsauth.CheckReadable)), "tls-key", "TLS client key file")
+	f.Var(checked(&o.tlsCA, optional(natsauth.CheckCA)), "tls-ca", "TLS CA file to verify the NATS servers")
+	o.http = "127.0.0.1:7070"
+	f.Var(checked(&o.http, optional(checkAddr)), "http", "address of /metrics, /healthz, /readyz; empty disables")
+	f.Var(nonNegativeDuration(&o.drainTimeout, daemon.DefaultDrainTimeout), "drain-timeout", "bound on the drain at shutdown")
 	f.BoolVar(&o.standalone, "standalone", false, "a one-node mesh without the membership registry and directory (no JetStream needed)")
-	f.IntVar(&o.kvReplicas, "kv-replicas", 1, "replicas of the registry and directory KV buckets, used by the node that creates them; 3 on a 3-server cluster")
-	f.IntVar(&o.stateReplicas, "state-replicas", 0, "replicas of the durable hub state bucket (file storage), used by the node that creates it; 0 means --kv-replicas; 3 on a 3-server cluster")
-	f.IntVar(&o.stateMaxValue, "state-max-value", 0, "largest durable state one address may save, in bytes; 0 means 1 MiB - 4 KiB (lowered to fit the server's max_payload)")
-	f.DurationVar(&o.heartbeat, "heartbeat", membership.DefaultHeartbeat, "registry heartbeat; 0 means the default")
-	f.DurationVar(&o.ttl, "ttl", membership.DefaultTTL, "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
-	f.DurationVar(&o.placementWait, "placement-wait", mesh.DefaultPlacementWait, "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement); 0 means the default")
+	f.Var(nonNegativeInt(&o.kvReplicas, 1), "kv-replicas", "replicas of the registry and directory KV buckets, used by the node that creates them; 3 on a 3-server cluster")
+	f.Var(nonNegativeInt(&o.stateReplicas, 0), "state-replicas", "replicas of the durable hub state bucket (file storage), used by the node that creates it; 0 means --kv-replicas; 3 on a 3-server cluster")
+	f.Var(nonNegativeInt(&o.stateMaxValue, 0), "state-max-value", "largest durable state one address may save, in bytes; 0 means 1 MiB - 4 KiB (lowered to fit the server's max_payload)")
+	f.Var(nonNegativeDuration(&o.heartbeat, defaultHeartbeat), "heartbeat", "registry heartbeat; 0 means the default")
+	f.Var(nonNegativeDuration(&o.ttl, defaultTTL), "ttl", "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
+	f.Var(nonNegativeDuration(&o.placementWait, mesh.DefaultPlacementWait), "placement-wait", "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement); 0 means the default")
 	f.BoolVar(&o.replace, "replace", false, "take the name over from a live node of the same name (it stands down and exits); without it meshd exits at once if its name is live")
 	o.logFormat, o.logLevel = "auto", "info"
 	f.Var(checked(&o.logFormat, oneOf("auto", "text", "json")), "log-format", "auto (text on a terminal, else JSON), text or json")
@@ -148,11 +166,15 @@ the drain.`,
 		return nil
 	}), "log-level", "debug, info, warn or error")
 	env := envflag.New(f)
+	o.env = env
 	f.VisitAll(func(fl *pflag.Flag) {
 		env.Bind(fl.Name, "MESHD_"+strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_")))
 	})
 	cmd.PreRunE = func(*cobra.Command, []string) error {
 		if err := env.Apply(nil); err != nil {
+			return usageError{err}
+		}
+		if err := o.checkSettings(); err != nil {
 			return usageError{err}
 		}
 		return nil
@@ -212,6 +234,9 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 	if err != nil {
 		return usageError{err}
 	}
+	if err := o.preflight(); err != nil {
+		return err
+	}
 	kinds := []string{} // empty: a node that hosts no kind (it still sends and serves the ingress)
 	for k := range strings.SplitSeq(o.hubs, ",") {
 		if k = strings.TrimSpace(k); k != "" {
@@ -243,6 +268,12 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 	err = daemon.Run(ctx, cfg)
 	if errors.Is(err, daemon.ErrInvalidConfig) {
 		return usageError{err}
+	}
+	if natsauth.LoginRefused(err) {
+		return fmt.Errorf("%w: the server refused the login: %s", err, o.loginHint())
+	}
+	if errors.Is(err, nats.ErrNoServers) && o.natsURL != "" {
+		return fmt.Errorf("%w (the URL of %s)", err, o.env.Origin("nats-url"))
 	}
 	return err
 }

@@ -5,8 +5,10 @@
 package envflag
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -20,8 +22,9 @@ type Binding struct {
 
 // Set is a flag set's bindings.
 type Set struct {
-	fs    *pflag.FlagSet
-	binds []Binding
+	fs     *pflag.FlagSet
+	binds  []Binding
+	source map[string]string // flag -> the variable Apply set it from
 }
 
 // New returns an empty Set for fs.
@@ -43,9 +46,10 @@ func (s *Set) Bind(flag string, keys ...string) {
 func (s *Set) Bindings() []Binding { return append([]Binding(nil), s.binds...) }
 
 // Apply sets every bound flag that was not given on the command line from
-// its environment variable, if set (os.LookupEnv when lookup is nil). The
-// first value a flag's parser rejects is returned as an error naming the
-// variable and the value.
+// its environment variable, if set (os.LookupEnv when lookup is nil), and
+// records the variable as the flag's [Set.Source]. The first value a flag's
+// parser rejects is returned as an error naming the variable and the value:
+// `invalid KEY="value" (for --flag): reason`.
 func (s *Set) Apply(lookup func(string) (string, bool)) error {
 	if lookup == nil {
 		lookup = os.LookupEnv
@@ -63,30 +67,59 @@ func (s *Set) Apply(lookup func(string) (string, bool)) error {
 			if err := s.fs.Set(b.Flag, v); err != nil {
 				return fmt.Errorf("invalid %s=%q (for --%s): %s", k, v, b.Flag, hint(f.Value.Type(), err))
 			}
+			if s.source == nil {
+				s.source = map[string]string{}
+			}
+			s.source[b.Flag] = k
 			break
 		}
 	}
 	return nil
 }
 
-// hint explains what a flag of type typ wants: for the built-in types a
-// fixed phrase, else the parser's own reason without pflag's "invalid
-// argument ... for ... flag" wrapping, which would repeat the value and the
-// flag the message names already.
+// Source returns the environment variable that Apply set flag from, or ""
+// when the flag was given on the command line, or not set at all.
+func (s *Set) Source(flag string) string { return s.source[flag] }
+
+// Origin names where flag's value came from, for an error message about
+// it: the variable Apply set it from, else "--flag".
+func (s *Set) Origin(flag string) string {
+	if k := s.Source(flag); k != "" {
+		return k
+	}
+	return "--" + flag
+}
+
+// Setting is Origin with the value, as a user would have written it:
+// KEY="value" for a variable, --flag="value" for a flag.
+func (s *Set) Setting(flag string) string {
+	v := ""
+	if f := s.fs.Lookup(flag); f != nil {
+		v = f.Value.String()
+	}
+	return fmt.Sprintf("%s=%q", s.Origin(flag), v)
+}
+
+// hint explains what a flag of type typ wants: for a value the built-in
+// parsers of durations, booleans and integers reject, a fixed phrase; else
+// (a flag's own check, say a negative duration a custom Value refuses) the
+// parser's own reason, without pflag's "invalid argument ... for ... flag"
+// wrapping, which would repeat the value and the flag the message names
+// already.
 func hint(typ string, err error) string {
-	switch typ {
-	case "duration":
+	var iv *pflag.InvalidValueError
+	if errors.As(err, &iv) && iv.Unwrap() != nil {
+		err = iv.Unwrap()
+	}
+	var ne *strconv.NumError
+	parseErr := errors.As(err, &ne) || strings.HasPrefix(err.Error(), "time: ")
+	switch {
+	case parseErr && typ == "duration":
 		return "want a duration with a unit, e.g. 500ms, 10s, 2m"
-	case "bool":
+	case parseErr && typ == "bool":
 		return "want true or false"
-	case "int", "int64", "uint", "uint64":
+	case parseErr && (typ == "int" || typ == "int64" || typ == "uint" || typ == "uint64"):
 		return "want an integer"
 	}
-	msg := err.Error()
-	if strings.HasPrefix(msg, "invalid argument ") {
-		if _, reason, ok := strings.Cut(msg, " flag: "); ok {
-			return reason
-		}
-	}
-	return msg
+	return err.Error()
 }

@@ -1,6 +1,7 @@
 package envflag
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +80,66 @@ func TestApplyValuesAndPrecedence(t *testing.T) {
 	_ = fs.Parse(nil)
 	if err := s.Apply(env(map[string]string{"X_URL": "nats://a", "X_URL_FALLBACK": "nats://b"})); err != nil || v.s != "nats://a" {
 		t.Fatalf("url %q, err %v", v.s, err)
+	}
+}
+
+// nonNeg is a duration flag with a check of its own.
+type nonNeg struct{ d time.Duration }
+
+func (n *nonNeg) String() string { return n.d.String() }
+func (n *nonNeg) Type() string   { return "duration" }
+func (n *nonNeg) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return errors.New("want a duration of 0 or more")
+	}
+	n.d = d
+	return nil
+}
+
+// TestApplyKeepsTheCheckersReason: a value a flag's own check refuses is
+// reported with that check's reason, not the fixed phrase of its type's
+// parser (a negative duration is not "a duration without a unit").
+func TestApplyKeepsTheCheckersReason(t *testing.T) {
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	fs.Var(&nonNeg{}, "wait", "wait")
+	s := New(fs)
+	s.Bind("wait", "X_WAIT")
+	for val, want := range map[string]string{
+		"-1s": `invalid X_WAIT="-1s" (for --wait): want a duration of 0 or more`,
+		"10":  `invalid X_WAIT="10" (for --wait): want a duration with a unit, e.g. 500ms, 10s, 2m`,
+	} {
+		err := s.Apply(env(map[string]string{"X_WAIT": val}))
+		if err == nil || err.Error() != want {
+			t.Errorf("X_WAIT=%q: error %v, want %q", val, err, want)
+		}
+	}
+}
+
+// TestSourceAndOrigin: Apply records the variable a flag was set from; a
+// flag from the command line, or left at its default, has none.
+func TestSourceAndOrigin(t *testing.T) {
+	fs, s, _ := newSet()
+	if err := fs.Parse([]string{"--replicas=5"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply(env(map[string]string{"X_DRAIN": "10s", "X_REPLICAS": "3", "X_URL_FALLBACK": "nats://b"})); err != nil {
+		t.Fatal(err)
+	}
+	for flag, want := range map[string]string{"drain": "X_DRAIN", "url": "X_URL_FALLBACK", "replicas": "", "standalone": ""} {
+		if got := s.Source(flag); got != want {
+			t.Errorf("Source(%q) = %q, want %q", flag, got, want)
+		}
+	}
+	for flag, want := range map[string]string{"drain": `X_DRAIN="10s"`, "url": `X_URL_FALLBACK="nats://b"`, "replicas": `--replicas="5"`} {
+		if got := s.Setting(flag); got != want {
+			t.Errorf("Setting(%q) = %q, want %q", flag, got, want)
+		}
+	}
+	if got := s.Origin("standalone"); got != "--standalone" {
+		t.Errorf("Origin(standalone) = %q", got)
 	}
 }
