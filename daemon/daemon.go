@@ -133,6 +133,11 @@ type Config struct {
 	// membership.DefaultAdvisorySubject.
 	AdvisorySubject string
 
+	// CallerIdentity says where the ingress takes an outside caller's
+	// identity from (mesh.NodeConfig.CallerIdentity; SECURITY.md): zero is
+	// mesh.CallerFromInbox (one account), mesh.CallerFromRequestInfo for
+	// tenants in their own accounts that import the ingress.
+	CallerIdentity mesh.CallerIdentity
 	// DisableIngress: this node does not serve <prefix>.in.*.* (others
 	// do). On by default.
 	DisableIngress bool
@@ -389,6 +394,7 @@ func Run(ctx context.Context, cfg Config) error {
 		},
 		OnMembershipEvent: met.observe,
 		DisableIngress:    cfg.DisableIngress,
+		CallerIdentity:    cfg.CallerIdentity,
 		OnFatal: func(err error) {
 			log.Error("node cannot go on", "err", err)
 			fatal.Store(&err)

@@ -115,6 +115,7 @@ func TestEveryVariableNamedInItsError(t *testing.T) {
 		{"MESHD_AUTH", map[string]string{"MESHD_AUTH": "yes"}, 1},
 		{"MESHD_AUTH", map[string]string{"MESHD_AUTH": "true", "MESHD_NATS_URL": ext}, 1},
 		{"MESHD_AUTH_DIR", map[string]string{"MESHD_AUTH": "true", "MESHD_AUTH_DIR": file}, 1},
+		{"MESHD_CALLER_IDENTITY", map[string]string{"MESHD_CALLER_IDENTITY": "account"}, 1},
 		{"MESHD_CREDS", map[string]string{"MESHD_CREDS": missing, "MESHD_NATS_URL": ext}, 1},
 		{"MESHD_CREDS", map[string]string{"MESHD_CREDS": garbage, "MESHD_NATS_URL": ext}, 1},
 		{"MESHD_CREDS", map[string]string{"MESHD_CREDS": dir, "MESHD_NATS_URL": ext}, 1},

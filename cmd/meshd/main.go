@@ -47,7 +47,7 @@ const (
 type options struct {
 	name, prefix, hubs, natsURL, listen, dataDir        string
 	creds, nkey, user, password, tlsCert, tlsKey, tlsCA string
-	http, logFormat, logLevel                           string
+	http, logFormat, logLevel, callerIdentity           string
 	drainTimeout, heartbeat, ttl, placementWait         time.Duration
 	standalone, auth, insecureListen                    bool
 	authDir                                             string
@@ -155,6 +155,8 @@ signal during the drain.`,
 	f.Var(nonNegativeDuration(&o.heartbeat, defaultHeartbeat), "heartbeat", "registry heartbeat; 0 means the default")
 	f.Var(nonNegativeDuration(&o.ttl, defaultTTL), "ttl", "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
 	f.Var(nonNegativeDuration(&o.placementWait, mesh.DefaultPlacementWait), "placement-wait", "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement); 0 means the default")
+	o.callerIdentity = "inbox"
+	f.Var(checked(&o.callerIdentity, oneOf("inbox", "request-info")), "caller-identity", "where the ingress takes a caller's identity from, which scopes delivery IDs (SECURITY.md): inbox (the reply's inbox prefix; one account) or request-info (the server-stamped Nats-Request-Info; tenants in their own accounts importing the ingress)")
 	f.BoolVar(&o.replace, "replace", false, "take the name over from a live node of the same name (it stands down and exits); without it meshd exits at once if its name is live")
 	o.logFormat, o.logLevel = "auto", "info"
 	f.Var(checked(&o.logFormat, oneOf("auto", "text", "json")), "log-format", "auto (text on a terminal, else JSON), text or json")
@@ -220,6 +222,9 @@ func (c *checkedString) Set(v string) error {
 func (c *checkedString) Type() string { return "string" }
 
 // oneOf checks that a value is one of want.
+// callerIdentities maps --caller-identity to the node's mode.
+var callerIdentities = map[string]mesh.CallerIdentity{"inbox": mesh.CallerFromInbox, "request-info": mesh.CallerFromRequestInfo}
+
 func oneOf(want ...string) func(string) error {
 	return func(v string) error {
 		if slices.Contains(want, v) {
@@ -252,8 +257,9 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 		HTTP: o.http, DrainTimeout: o.drainTimeout, Logger: logger,
 		Standalone: o.standalone, KVReplicas: o.kvReplicas, Heartbeat: o.heartbeat, TTL: o.ttl,
 		StateReplicas: o.stateReplicas, StateMaxValueSize: o.stateMaxValue,
-		PlacementWait: o.placementWait,
-		Replace:       o.replace,
+		PlacementWait:  o.placementWait,
+		CallerIdentity: callerIdentities[o.callerIdentity],
+		Replace:        o.replace,
 		Ready: func(info daemon.Info) {
 			if info.Embedded {
 				fmt.Fprintf(stdout, "meshd: node %s serving on embedded NATS at %s\n", info.Node, info.NATSURL)
