@@ -178,3 +178,68 @@ func (c *Client) forgedAnswer(m *nats.Msg, id string) {
 			"id", id, "claimed_node", m.Header.Get(verdict.HeaderNode), "answer", m.Header.Get(hub.HeaderAnswer), "ignored_total", n)
 	}
 }
+
+// maxAbandoned bounds the legs a client remembers as abandoned
+// (abandonedLegs).
+const maxAbandoned = 1 << 16
+
+// abandonedLegs remembers the (delivery ID, generation) pairs of legs this
+// client sent and then gave up on without their acceptance — the
+// generation departed or its connection moved with the leg in flight, this
+// client's link dropped — and answered resendable (the delivery was
+// re-sent, perhaps accepted elsewhere). Such a generation may still have
+// taken the leg from its socket buffer (a frozen process that wakes), and
+// its late verdict or response would carry a genuine token for the ID; but
+// the sender takes an answer only from the generation whose acceptance it
+// took (DESIGN §5), so an answer for an abandoned pair is dropped
+// (ClientStats.StaleAnswers). Bounded: the oldest pairs are forgotten
+// first. Safe for concurrent use.
+type abandonedLegs struct {
+	mu   sync.Mutex
+	set  map[abandonedLeg]struct{}
+	ring []abandonedLeg
+	next int
+}
+
+type abandonedLeg struct {
+	id   string
+	node subjects.NodeID
+}
+
+// add remembers that the leg of id sent to node was abandoned.
+func (a *abandonedLegs) add(id string, node subjects.NodeID) {
+	k := abandonedLeg{id, node}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.set == nil {
+		a.set = map[abandonedLeg]struct{}{}
+	}
+	if _, ok := a.set[k]; ok {
+		return
+	}
+	if len(a.ring) < maxAbandoned {
+		a.ring = append(a.ring, k)
+	} else {
+		delete(a.set, a.ring[a.next])
+		a.ring[a.next] = k
+		a.next = (a.next + 1) % maxAbandoned
+	}
+	a.set[k] = struct{}{}
+}
+
+// has reports whether the leg of id to node was abandoned.
+func (a *abandonedLegs) has(id string, node subjects.NodeID) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.set[abandonedLeg{id, node}]
+	return ok
+}
+
+// staleAnswer counts and logs an answer from a generation whose leg of the
+// delivery this client abandoned (abandonedLegs).
+func (c *Client) staleAnswer(m *nats.Msg, id string) {
+	if n := c.stale.Add(1); n&(n-1) == 0 {
+		c.log.Info("answer ignored: its generation's leg was abandoned and the delivery re-sent (DESIGN §5)",
+			"id", id, "node", m.Header.Get(verdict.HeaderNode), "answer", m.Header.Get(hub.HeaderAnswer), "ignored_total", n)
+	}
+}

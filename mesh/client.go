@@ -106,9 +106,11 @@ type Client struct {
 	closeOnce  sync.Once
 	calls      callGate // calls in progress; Close waits for them
 
-	keys   answerKeys   // answer keys of accepting generations (answers.go)
-	held   heldAnswers  // answers that overtook their generation's key (answers.go)
-	forged atomic.Int64 // answers dropped by the binding
+	keys   answerKeys    // answer keys of accepting generations (answers.go)
+	held   heldAnswers   // answers that overtook their generation's key (answers.go)
+	gaveUp abandonedLegs // legs answered resendable without their acceptance (answers.go)
+	stale  atomic.Int64  // answers dropped from a generation whose leg was abandoned
+	forged atomic.Int64  // answers dropped by the binding
 
 	retries, accepted, failed atomic.Int64
 	byOutcome                 [numOutcomes]atomic.Int64 // deliveries ended, by final outcome
@@ -784,6 +786,11 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	}
 	if cause := f.causeLocked(); cause != nil {
 		f.phase = phaseWaiting
+		if published {
+			// Given up without its acceptance: node's answers for this
+			// delivery are not to be taken from now on.
+			c.gaveUp.add(d.ID, node)
+		}
 		return published, cause // the owner departed, the link dropped, the client closed
 	}
 	f.phase = phaseWaiting
@@ -916,6 +923,12 @@ type ClientStats struct {
 	// they did not carry the token of the generation that accepted the
 	// delivery (DESIGN §5): forgeries, or answers of another generation.
 	ForgedAnswers int64 `json:"forged_answers"`
+	// StaleAnswers counts late verdicts and responses dropped because
+	// they came from a generation whose leg of the delivery this client
+	// had given up on (it departed or moved with the leg in flight) and
+	// answered resendable: the delivery was re-sent, and only the
+	// acceptance this client took names who answers it (DESIGN §5).
+	StaleAnswers int64 `json:"stale_answers"`
 	// LateVerdicts counts late verdicts that reached a Deliver after its
 	// Accepted (see WithLateVerdicts).
 	LateVerdicts int64 `json:"late_verdicts"`
@@ -932,7 +945,7 @@ type ClientStats struct {
 // Stats returns the client's counters.
 func (c *Client) Stats() ClientStats {
 	s := ClientStats{Accepted: c.accepted.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), ByVerdict: map[string]int64{},
-		ForgedAnswers: c.forged.Load(), LateVerdicts: c.lateVerdicts.Load(), Unmatched: c.unmatched.Load(), Resent: c.resent.Load()}
+		ForgedAnswers: c.forged.Load(), StaleAnswers: c.stale.Load(), LateVerdicts: c.lateVerdicts.Load(), Unmatched: c.unmatched.Load(), Resent: c.resent.Load()}
 	for o := range c.byOutcome {
 		s.ByVerdict[outcomeName(outcome(o))] = c.byOutcome[o].Load()
 	}

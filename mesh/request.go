@@ -266,6 +266,10 @@ func (c *Client) dispatchAnswer(m *nats.Msg) {
 		return
 	}
 	node, perr := subjects.ParseNodeID(m.Header.Get(verdict.HeaderNode))
+	if perr == nil && c.gaveUp.has(id, node) {
+		c.staleAnswer(m, id)
+		return
+	}
 	if perr == nil && c.keys.get(node) == "" {
 		// node's key is not known yet: its acceptance reply may still
 		// be on its way (answers.go).

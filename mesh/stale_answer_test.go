@@ -1,0 +1,139 @@
+package mesh
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// fakeNode answers legs on its delivery subject as the hub would — Accepted
+// with its answer key — except while hold is set: then it keeps the leg
+// unanswered (a frozen process with the leg in its socket buffer).
+type fakeNode struct {
+	id   subjects.NodeID
+	key  string
+	nc   *nats.Conn
+	mu   sync.Mutex
+	hold bool
+	held []*nats.Msg
+}
+
+func startFakeNode(t *testing.T, nc *nats.Conn, id subjects.NodeID, key string) *fakeNode {
+	t.Helper()
+	f := &fakeNode{id: id, key: key, nc: nc}
+	if _, err := nc.Subscribe(string(subjects.DefaultPrefix)+".dlv."+id.Name+"."+id.String()[len(id.Name)+1:]+".>", func(m *nats.Msg) {
+		f.mu.Lock()
+		if f.hold {
+			f.held = append(f.held, m)
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+		r := nats.NewMsg(m.Reply)
+		verdict.Encode(r.Header, nil, id.String())
+		r.Header.Set(hub.HeaderAnswerKey, key)
+		_ = nc.PublishMsg(r)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// lateVerdict publishes a genuine late verdict of f for id to answerTo.
+func (f *fakeNode) lateVerdict(t *testing.T, answerTo, id string) {
+	t.Helper()
+	m := nats.NewMsg(answerTo)
+	m.Header.Set(hub.HeaderID, id)
+	m.Header.Set(hub.HeaderAnswer, hub.AnswerVerdict)
+	m.Header.Set(hub.HeaderAnswerToken, hub.AnswerTokenOf(f.key, id))
+	verdict.Encode(m.Header, verdict.New(verdict.ReasonHubShuttingDown, "deactivated before handling"), f.id.String())
+	if err := f.nc.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAnswerFromAbandonedLeg (found by the nemesis, issue 21, seed 2107): a
+// leg in flight to a generation that departs gets the resendable departed
+// verdict and is re-sent to another generation, which accepts it. When the
+// departed generation wakes and answers the leg it still held (a genuine
+// late verdict: its token is right), the sender drops it: only the
+// generation whose acceptance it took answers the delivery (DESIGN §5). The
+// accepting generation's late verdict still reaches the caller.
+func TestAnswerFromAbandonedLeg(t *testing.T) {
+	s := natstest.RunServer(t)
+	x := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "x", Generation: 1}, "key-x")
+	y := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "y", Generation: 1}, "key-y")
+	var mu sync.Mutex
+	late := map[string][]error{}
+	owner := x.id
+	var ownerMu sync.Mutex
+	res := &countingResolver{fn: func(int, subjects.Address) subjects.NodeID {
+		ownerMu.Lock()
+		defer ownerMu.Unlock()
+		return owner
+	}}
+	c := newClient(t, natstest.Connect(t, s), res, WithRetry(RetryPolicy{MaxRetries: 3, Initial: time.Millisecond, Max: time.Millisecond}), WithLateVerdicts(func(v LateVerdict) {
+		mu.Lock()
+		late[v.ID] = append(late[v.ID], v.Err)
+		mu.Unlock()
+	}))
+	ctx := context.Background()
+	for round := range 20 {
+		ownerMu.Lock()
+		owner = x.id
+		ownerMu.Unlock()
+		// x accepts one delivery: the client learns its answer key.
+		if _, err := c.Deliver(ctx, Delivery{To: "rec/warm"}); err != nil {
+			t.Fatal(err)
+		}
+		x.mu.Lock()
+		x.hold = true
+		x.mu.Unlock()
+		id := "abandoned-" + string(rune('a'+round))
+		done := make(chan error, 1)
+		go func() {
+			r, err := c.Deliver(ctx, Delivery{To: "rec/a", ID: id})
+			if err == nil && r.Node != y.id {
+				err = fmt.Errorf("accepted by %v, want y", r.Node)
+			}
+			done <- err
+		}()
+		natstest.Eventually(t, 5*time.Second, func() bool { x.mu.Lock(); defer x.mu.Unlock(); return len(x.held) == 1 }, "leg held by x")
+		ownerMu.Lock()
+		owner = y.id
+		ownerMu.Unlock()
+		c.FailNode(x.id, "test: x departed")
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		stale := c.Stats().StaleAnswers
+		x.lateVerdict(t, c.answerTo(), id) // x wakes and answers the leg it held
+		natstest.Eventually(t, 5*time.Second, func() bool { return c.Stats().StaleAnswers == stale+1 }, "x's answer not dropped as stale")
+		y.lateVerdict(t, c.answerTo(), id) // the accepting generation's answer is taken
+		natstest.Eventually(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(late[id]) == 1 }, "y's late verdict not delivered")
+		mu.Lock()
+		if n := len(late[id]); n != 1 {
+			t.Fatalf("round %d: %d late verdicts for %s, want only y's", round, n, id)
+		}
+		mu.Unlock()
+		x.mu.Lock()
+		x.hold, x.held = false, nil
+		x.mu.Unlock()
+		// x comes back as a live generation for the next round.
+		c.fl.mu.Lock()
+		delete(c.fl.gone, x.id)
+		c.fl.mu.Unlock()
+	}
+}
