@@ -1,0 +1,337 @@
+package nemesis
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Violation is one breach of a guarantee a checker found.
+type Violation struct {
+	Check   string `json:"check"`
+	ID      string `json:"id,omitempty"`
+	Address string `json:"addr,omitempty"`
+	Stream  string `json:"stream,omitempty"`
+	Detail  string `json:"detail"`
+}
+
+// String returns the violation on one line.
+func (v Violation) String() string {
+	var b strings.Builder
+	b.WriteString(v.Check)
+	if v.Address != "" {
+		fmt.Fprintf(&b, " %s", v.Address)
+		if v.Stream != "" {
+			fmt.Fprintf(&b, "|%s", v.Stream)
+		}
+	}
+	if v.ID != "" {
+		fmt.Fprintf(&b, " id %s", v.ID)
+	}
+	b.WriteString(": ")
+	b.WriteString(v.Detail)
+	return b.String()
+}
+
+// CheckFunc judges a history: it returns how many items it judged (turns,
+// deliveries, operations: what the check is about) and the violations.
+type CheckFunc func(h *History) (checked int, v []Violation)
+
+// Checker is a named check.
+type Checker struct {
+	Name  string
+	Check CheckFunc
+}
+
+// Options configure the checkers that need more than the history.
+type Options struct {
+	// OutDir receives the HTML visualization of each kv partition that is
+	// not linearizable; empty means none is written (the violation says
+	// so).
+	OutDir string
+	// KVTimeout bounds the linearizability search of one address; 0 means
+	// 30 s. A search that runs out is a violation (undecided), never a
+	// pass.
+	KVTimeout time.Duration
+}
+
+// Checkers returns every checker, in the order the report lists them.
+func Checkers(o Options) []Checker {
+	return []Checker{
+		{"single-activation", CheckSingleActivation},
+		{"lane-order", CheckLaneOrder},
+		{"at-most-once", CheckAtMostOnce},
+		{"timeout-not-resent", CheckTimeoutNotResent},
+		{"one-verdict", CheckOneVerdict},
+		{"kv-linearizable", func(h *History) (int, []Violation) { return CheckKV(h, o) }},
+	}
+}
+
+// Result is one checker's verdict on a history.
+type Result struct {
+	Name       string
+	Checked    int
+	Violations []Violation
+}
+
+// Run runs every checker of Checkers(o) on h.
+func Run(h *History, o Options) []Result {
+	var out []Result
+	for _, c := range Checkers(o) {
+		n, v := c.Check(h)
+		out = append(out, Result{Name: c.Name, Checked: n, Violations: v})
+	}
+	return out
+}
+
+// rel formats a Unix-ns time as an offset from the history's start.
+func (h *History) rel(t int64) string {
+	return (time.Duration(t - h.Start)).Round(time.Microsecond).String()
+}
+
+func (h *History) describeTurn(t Turn) string {
+	end := "…" + h.rel(h.turnEnd(t)) + " (no end logged)"
+	if t.End != 0 {
+		end = h.rel(t.End)
+	}
+	return fmt.Sprintf("%s on %s.%d (process %s, activation %d, attempt %d) [%s, %s]",
+		t.ID, t.Node, t.Generation, t.Process, t.Activation, t.Attempt, h.rel(t.Start), end)
+}
+
+// turnsByID returns the turns of each delivery ID, in start order.
+func (h *History) turnsByID() map[string][]Turn {
+	out := map[string][]Turn{}
+	for _, t := range h.Turns {
+		out[t.ID] = append(out[t.ID], t)
+	}
+	for _, ts := range out {
+		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
+	}
+	return out
+}
+
+// lateByID returns the late verdicts of each delivery ID.
+func (h *History) lateByID() map[string][]Late {
+	out := map[string][]Late{}
+	for _, l := range h.Late {
+		out[l.ID] = append(out[l.ID], l)
+	}
+	return out
+}
+
+// final returns op's final outcome: its first late verdict if it has one,
+// else what its call returned.
+func final(op Op, late map[string][]Late) Outcome {
+	if ls := late[op.ID]; len(ls) > 0 {
+		return ls[0].Outcome
+	}
+	return op.Outcome
+}
+
+// CheckSingleActivation checks that no two turns of one address overlap in
+// time, whichever nodes, generations or activations ran them (DESIGN §5:
+// at most one live activation per address, and its handler runs one
+// delivery at a time). A turn with no end logged lasts until its process
+// exited, or to the end of the history. It judges turns.
+func CheckSingleActivation(h *History) (int, []Violation) {
+	byAddr := map[string][]Turn{}
+	for _, t := range h.Turns {
+		byAddr[t.Address] = append(byAddr[t.Address], t)
+	}
+	addrs := sortedKeys(byAddr)
+	var out []Violation
+	for _, a := range addrs {
+		ts := byAddr[a]
+		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
+		var active []Turn
+		for _, t := range ts {
+			keep := active[:0]
+			for _, o := range active {
+				if h.turnEnd(o) > t.Start {
+					keep = append(keep, o)
+				}
+			}
+			active = keep
+			for _, o := range active {
+				what := "turns of two activations overlap"
+				if o.Node == t.Node && o.Generation == t.Generation && o.Activation == t.Activation {
+					what = "two turns of one activation overlap"
+				}
+				out = append(out, Violation{Check: "single-activation", Address: a, ID: t.ID,
+					Detail: fmt.Sprintf("%s: %s and %s", what, h.describeTurn(o), h.describeTurn(t))})
+			}
+			active = append(active, t)
+		}
+	}
+	return len(h.Turns), out
+}
+
+// CheckLaneOrder checks that within each lane (address, stream) the
+// handlers saw the deliveries whose final verdict was Accepted in the
+// caller's order (ascending Op.Seq), judged by the first turn of each: a
+// delivery that ran after a later one of its lane had run is an inversion.
+// It judges the sequenced, accepted deliveries that ran.
+func CheckLaneOrder(h *History) (int, []Violation) {
+	turns := h.turnsByID()
+	late := h.lateByID()
+	type ran struct {
+		op    Op
+		start int64
+	}
+	lanes := map[[2]string][]ran{}
+	n := 0
+	for _, op := range h.Ops {
+		if op.Seq == 0 || final(op, late).Verdict != Accepted {
+			continue
+		}
+		ts := turns[op.ID]
+		if len(ts) == 0 {
+			continue
+		}
+		n++
+		k := [2]string{op.Address, op.Stream}
+		lanes[k] = append(lanes[k], ran{op, ts[0].Start})
+	}
+	keys := make([][2]string, 0, len(lanes))
+	for k := range lanes {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i][0] < keys[j][0] || keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1]
+	})
+	var out []Violation
+	for _, k := range keys {
+		rs := lanes[k]
+		sort.SliceStable(rs, func(i, j int) bool { return rs[i].start < rs[j].start })
+		var top ran
+		for i, r := range rs {
+			if i > 0 && r.op.Seq <= top.op.Seq {
+				out = append(out, Violation{Check: "lane-order", Address: k[0], Stream: k[1], ID: r.op.ID,
+					Detail: fmt.Sprintf("seq %d (%s) ran at %s, after seq %d (%s) ran at %s", r.op.Seq, r.op.ID, h.rel(r.start), top.op.Seq, top.op.ID, h.rel(top.start))})
+			}
+			if i == 0 || r.op.Seq > top.op.Seq {
+				top = r
+			}
+		}
+	}
+	return n, out
+}
+
+// CheckAtMostOnce checks, per delivery ID, that a delivery whose final
+// verdict was Accepted and that is not Idempotent ran at most once, and
+// that a delivery whose final verdict was resendable (the mesh's word that
+// the callee holds nothing) never ran. It judges deliveries.
+func CheckAtMostOnce(h *History) (int, []Violation) {
+	turns := h.turnsByID()
+	late := h.lateByID()
+	var out []Violation
+	for _, op := range h.Ops {
+		ts := turns[op.ID]
+		f := final(op, late)
+		switch {
+		case f.Verdict == Accepted && !op.Idempotent && len(ts) > 1:
+			out = append(out, Violation{Check: "at-most-once", Address: op.Address, Stream: op.Stream, ID: op.ID,
+				Detail: fmt.Sprintf("accepted once, ran %d times: %s", len(ts), h.describeTurns(ts))})
+		case f.Resendable && len(ts) > 0:
+			out = append(out, Violation{Check: "at-most-once", Address: op.Address, Stream: op.Stream, ID: op.ID,
+				Detail: fmt.Sprintf("resendable verdict %s (%s) for a delivery whose handler ran: %s", f.Verdict, f.Reason, h.describeTurns(ts))})
+		}
+	}
+	return len(h.Ops), out
+}
+
+func (h *History) describeTurns(ts []Turn) string {
+	s := make([]string, len(ts))
+	for i, t := range ts {
+		s[i] = h.describeTurn(t)
+	}
+	return strings.Join(s, "; ")
+}
+
+// CheckTimeoutNotResent checks that a delivery whose verdict was a timeout
+// was never sent again (DESIGN §3, §4: a timed-out leg may still be held
+// by its callee): it ran at most once, and no attempt after the one that
+// timed out (Outcome.Attempts) was accepted. It judges the timed-out
+// deliveries.
+func CheckTimeoutNotResent(h *History) (int, []Violation) {
+	turns := h.turnsByID()
+	n := 0
+	var out []Violation
+	for _, op := range h.Ops {
+		if !op.Timeout {
+			continue
+		}
+		n++
+		ts := turns[op.ID]
+		if len(ts) > 1 {
+			out = append(out, Violation{Check: "timeout-not-resent", Address: op.Address, Stream: op.Stream, ID: op.ID,
+				Detail: fmt.Sprintf("timed out after %d attempts, ran %d times: %s", op.Attempts, len(ts), h.describeTurns(ts))})
+			continue
+		}
+		for _, t := range ts {
+			if t.Attempt > op.Attempts {
+				out = append(out, Violation{Check: "timeout-not-resent", Address: op.Address, Stream: op.Stream, ID: op.ID,
+					Detail: fmt.Sprintf("timed out at attempt %d, then attempt %d was accepted and ran: %s", op.Attempts, t.Attempt, h.describeTurn(t))})
+			}
+		}
+	}
+	return n, out
+}
+
+// CheckOneVerdict checks that every delivery got exactly one final verdict
+// (DESIGN §5 "Answer once"): its call returned with a verdict; at most one
+// late verdict came, only for a Deliver whose call returned Accepted, and
+// a late verdict is a failure; no late verdict names a delivery that was
+// never sent. It judges deliveries.
+func CheckOneVerdict(h *History) (int, []Violation) {
+	late := h.lateByID()
+	byID := map[string]Op{}
+	var out []Violation
+	for _, op := range h.Ops {
+		byID[op.ID] = op
+		v := func(format string, args ...any) {
+			out = append(out, Violation{Check: "one-verdict", Address: op.Address, Stream: op.Stream, ID: op.ID, Detail: fmt.Sprintf(format, args...)})
+		}
+		if op.Complete == 0 || op.Verdict == None {
+			v("no verdict: called at %s, never returned (history ends at %s)", h.rel(op.Invoke), h.rel(h.End))
+		}
+		ls := late[op.ID]
+		if len(ls) == 0 {
+			continue
+		}
+		switch {
+		case len(ls) > 1:
+			v("%d late verdicts: %s", len(ls), describeLates(ls))
+		case op.Kind != Deliver:
+			v("a late verdict for a %s (its verdict is what its call returned): %s", op.Kind, describeLates(ls))
+		case op.Verdict != Accepted && op.Verdict != None:
+			v("two final verdicts: the call returned %s (%s), then late %s", op.Verdict, op.Reason, describeLates(ls))
+		case ls[0].Verdict == Accepted:
+			v("a late verdict saying Accepted (late answers report failures after acceptance)")
+		}
+	}
+	for _, id := range sortedKeys(late) {
+		if _, ok := byID[id]; !ok {
+			out = append(out, Violation{Check: "one-verdict", ID: id, Detail: fmt.Sprintf("late verdict for a delivery never sent: %s", describeLates(late[id]))})
+		}
+	}
+	return len(h.Ops), out
+}
+
+func describeLates(ls []Late) string {
+	s := make([]string, len(ls))
+	for i, l := range ls {
+		s[i] = fmt.Sprintf("%s (%s)", l.Verdict, l.Reason)
+	}
+	return strings.Join(s, ", ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
