@@ -95,8 +95,12 @@ func (h *History) describeTurn(t Turn) string {
 	if t.End != 0 {
 		end = h.rel(t.End)
 	}
-	return fmt.Sprintf("%s on %s.%d (process %s, activation %d, attempt %d) [%s, %s]",
-		t.ID, t.Node, t.Generation, t.Process, t.Activation, t.Attempt, h.rel(t.Start), end)
+	noEffect := ""
+	if t.NoEffect {
+		noEffect = ", persisted nothing"
+	}
+	return fmt.Sprintf("%s on %s.%d (process %s, activation %d, attempt %d%s) [%s, %s]",
+		t.ID, t.Node, t.Generation, t.Process, t.Activation, t.Attempt, noEffect, h.rel(t.Start), end)
 }
 
 // turnsByID returns the turns of each delivery ID, in start order.
@@ -221,7 +225,9 @@ func CheckLaneOrder(h *History) (int, []Violation) {
 // CheckAtMostOnce checks, per delivery ID, that a delivery whose final
 // verdict was Accepted and that is not Idempotent ran at most once, and
 // that a delivery whose final verdict was resendable (the mesh's word that
-// the callee holds nothing) never ran. It judges deliveries.
+// the callee holds nothing) never ran — but for turns whose handler itself
+// reported that it persisted nothing (Turn.NoEffect: the resendable verdict
+// is the handler's own, and true). It judges deliveries.
 func CheckAtMostOnce(h *History) (int, []Violation) {
 	turns := h.turnsByID()
 	late := h.lateByID()
@@ -233,12 +239,23 @@ func CheckAtMostOnce(h *History) (int, []Violation) {
 		case f.Verdict == Accepted && !op.Idempotent && len(ts) > 1:
 			out = append(out, Violation{Check: "at-most-once", Address: op.Address, Stream: op.Stream, ID: op.ID,
 				Detail: fmt.Sprintf("accepted once, ran %d times: %s", len(ts), h.describeTurns(ts))})
-		case f.Resendable && len(ts) > 0:
+		case f.Resendable && hadEffect(ts):
 			out = append(out, Violation{Check: "at-most-once", Address: op.Address, Stream: op.Stream, ID: op.ID,
 				Detail: fmt.Sprintf("resendable verdict %s (%s) for a delivery whose handler ran: %s", f.Verdict, f.Reason, h.describeTurns(ts))})
 		}
 	}
 	return len(h.Ops), out
+}
+
+// hadEffect reports whether any of ts ran without reporting that it
+// persisted nothing.
+func hadEffect(ts []Turn) bool {
+	for _, t := range ts {
+		if !t.NoEffect {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *History) describeTurns(ts []Turn) string {

@@ -130,6 +130,11 @@ func TestAtMostOnce(t *testing.T) {
 			},
 		})
 	})
+	t.Run("good: a resendable verdict the handler gave, having persisted nothing", func(t *testing.T) {
+		tr := turn("r", "k/1", "n1", 1, 10, 11)
+		tr.NoEffect = true
+		expect(t, CheckAtMostOnce, &History{Ops: []Op{lane("r", "k/1", "", 0, 0, notOwner)}, Turns: []Turn{tr}})
+	})
 	t.Run("bad: accepted, ran twice", func(t *testing.T) {
 		expect(t, CheckAtMostOnce, &History{
 			Ops:   []Op{lane("a", "k/1", "", 0, 0, accepted())},
@@ -137,9 +142,11 @@ func TestAtMostOnce(t *testing.T) {
 		}, "accepted once, ran 2 times")
 	})
 	t.Run("bad: a resendable verdict for a delivery that ran", func(t *testing.T) {
+		noEffect := turn("r", "k/1", "n1", 1, 10, 11)
+		noEffect.NoEffect = true
 		expect(t, CheckAtMostOnce, &History{
 			Ops:   []Op{lane("r", "k/1", "", 0, 0, notOwner)},
-			Turns: []Turn{turn("r", "k/1", "n1", 1, 10, 11)},
+			Turns: []Turn{noEffect, turn("r", "k/1", "n2", 2, 20, 21)},
 		}, "resendable verdict ShuttingDown (not-owner) for a delivery whose handler ran")
 	})
 	t.Run("bad: accepted, then a resendable late verdict, but it ran", func(t *testing.T) {

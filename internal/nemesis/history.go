@@ -179,6 +179,9 @@ type Turn struct {
 	Attempt int   `json:"attempt"`
 	Start   int64 `json:"start"`
 	End     int64 `json:"end,omitempty"` // 0: no end logged (see History.Exits)
+	// NoEffect: the handler ended with an error saying it persisted
+	// nothing (TurnEvent.NoEffect).
+	NoEffect bool `json:"no_effect,omitempty"`
 }
 
 // FaultRecord is one fault as it was applied, for the report.

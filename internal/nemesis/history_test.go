@@ -45,13 +45,13 @@ func TestParseTurnLog(t *testing.T) {
 	log.WriteString("meshd: node n1.4 serving on NATS at nats://x\n")
 	log.Write(TurnEvent{Event: TurnStart, N: 1, Node: "n1", Generation: 4, Activation: 2, Address: "k/1", Stream: "s", ID: "a", Attempt: 1, At: 10}.Line())
 	log.Write(TurnEvent{Event: TurnStart, N: 2, Node: "n1", Generation: 4, Activation: 3, Address: "k/2", ID: "b", Attempt: 2, At: 11}.Line())
-	log.Write(TurnEvent{Event: TurnEnd, N: 1, At: 12}.Line())
+	log.Write(TurnEvent{Event: TurnEnd, N: 1, NoEffect: true, At: 12}.Line())
 	turns, err := ParseTurnLog("n1#0", strings.NewReader(log.String()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Turn{
-		{Process: "n1#0", Node: "n1", Generation: 4, Activation: 2, Address: "k/1", Stream: "s", ID: "a", Attempt: 1, Start: 10, End: 12},
+		{Process: "n1#0", Node: "n1", Generation: 4, Activation: 2, Address: "k/1", Stream: "s", ID: "a", Attempt: 1, Start: 10, End: 12, NoEffect: true},
 		{Process: "n1#0", Node: "n1", Generation: 4, Activation: 3, Address: "k/2", ID: "b", Attempt: 2, Start: 11}, // died mid-turn
 	}
 	if !reflect.DeepEqual(turns, want) {

@@ -11,7 +11,7 @@ import (
 
 // TurnEvent is one line of a node process's turn log: the start or the end
 // of a handler turn, as JSON on one line of its stdout. Start lines carry
-// every field; end lines carry Event, N and At.
+// every field; end lines carry Event, N, NoEffect and At.
 type TurnEvent struct {
 	Event      string `json:"turn"` // TurnStart or TurnEnd
 	N          uint64 `json:"n"`    // the turn's number in its process
@@ -22,7 +22,11 @@ type TurnEvent struct {
 	Stream     string `json:"stream,omitempty"`
 	ID         string `json:"id,omitempty"`
 	Attempt    int    `json:"attempt,omitempty"`
-	At         int64  `json:"at"` // Unix ns
+	// NoEffect (end lines): the handler returned an error saying it
+	// persisted nothing (its state save was fenced or the store was
+	// unreachable: nothing written, DESIGN §7a).
+	NoEffect bool  `json:"no_effect,omitempty"`
+	At       int64 `json:"at"` // Unix ns
 }
 
 // TurnEvent kinds.
@@ -74,6 +78,7 @@ func ParseTurnLog(process string, r io.Reader) ([]Turn, error) {
 				return nil, fmt.Errorf("nemesis: %s line %d: turn %d ended but never started", process, line, e.N)
 			}
 			turns[i].End = e.At
+			turns[i].NoEffect = e.NoEffect
 			delete(open, e.N)
 			ended[e.N] = true
 		default:
