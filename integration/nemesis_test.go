@@ -396,7 +396,7 @@ func (w *workload) invoke(op nemesis.Op) int {
 func (w *workload) complete(i int, r mesh.Receipt, err error, output []byte) {
 	o := nemesis.OutcomeOf(err)
 	o.Attempts = r.Attempts
-	if !r.Node.IsZero() {
+	if !r.Node.IsZero() { // the accepting node, rather than one a refusal named
 		o.Node = r.Node.String()
 	}
 	if err == nil && output != nil {

@@ -109,7 +109,9 @@ type Outcome struct {
 	Timeout bool `json:"timeout,omitempty"`
 	// Attempts is how many attempts the sender made (mesh.Receipt).
 	Attempts int `json:"attempts,omitempty"`
-	// Node is the accepting node generation "name.gen", if any.
+	// Node is the accepting node generation "name.gen" (mesh.Receipt) or,
+	// for a failure, the node its verdict names (verdict.Error.Node: the
+	// node that refused, or the owner it names), if any.
 	Node string `json:"node,omitempty"`
 	// Output is a kv operation's response (a get's value; "ok" or
 	// "fail" for a set or cas).
@@ -122,7 +124,8 @@ type Outcome struct {
 // Accepted; otherwise the verdict class, reason, whether it is resendable
 // and whether it is a timeout (a deadline or NATS timeout anywhere in the
 // error graph that verdict.IsResendable does not call resendable: a
-// deadline that passed before anything was sent is not a timeout).
+// deadline that passed before anything was sent is not a timeout), and the
+// node the first *verdict.Error names.
 func OutcomeOf(err error) Outcome {
 	if err == nil {
 		return Outcome{Verdict: Accepted}
@@ -139,6 +142,10 @@ func OutcomeOf(err error) Outcome {
 		o.Verdict = Unavailable
 	default:
 		o.Verdict = Failed
+	}
+	var ve *verdict.Error
+	if errors.As(err, &ve) {
+		o.Node = ve.Node
 	}
 	o.Timeout = !o.Resendable && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
 	switch r := verdict.ReasonOf(err); {
