@@ -107,6 +107,11 @@ func TestNemesis(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("nemesis %v", sched)
+	t.Cleanup(func() {
+		if t.Failed() { // whatever failed: a check, or recovery from a fault
+			t.Logf("nemesis seed %d failed: replay with scripts/chaos.sh %d %v", cfg.seed, cfg.seed, cfg.duration)
+		}
+	})
 	if cfg.seed == nemesisSeed && cfg.duration == nemesisDuration && cfg.kinds == nil {
 		kinds := map[nemesis.FaultKind]bool{}
 		for _, f := range sched.Faults {
@@ -216,6 +221,9 @@ func (n *nemesisRun) waitHosting() {
 func (n *nemesisRun) apply(f nemesis.Fault) {
 	t := n.t
 	rec := nemesis.FaultRecord{Fault: f, Start: time.Now().UnixNano()}
+	if f.Kind.OnNode() {
+		rec.Process = n.nodes[f.Target].procName()
+	}
 	switch f.Kind {
 	case nemesis.NodeKill:
 		nd := n.nodes[f.Target]
@@ -308,6 +316,11 @@ func (n *nemesisRun) report(cfg nemesisConfig, sched nemesis.Schedule, h *nemesi
 		faults[f.Kind]++
 	}
 	t.Logf("seed %d: %d faults %v; %d operations %v, %d late verdicts, %d turns", cfg.seed, len(h.Faults), faults, len(h.Ops), verdicts, len(h.Late), len(h.Turns))
+	if p := nemesis.PausedOverlaps(h); len(p) > 0 {
+		// Not violations (see nemesis.CheckSingleActivation): shown so that
+		// a reader sees what the fencing of state had to absorb.
+		t.Logf("%d overlaps of a turn frozen mid-way with its successor's turns, e.g. %v", len(p), p[0])
+	}
 	results := nemesis.Run(h, nemesis.Options{OutDir: cfg.out})
 	failed := false
 	for _, r := range results {

@@ -136,16 +136,54 @@ func final(op Op, late map[string][]Late) Outcome {
 // CheckSingleActivation checks that no two turns of one address overlap in
 // time, whichever nodes, generations or activations ran them (DESIGN §5:
 // at most one live activation per address, and its handler runs one
-// delivery at a time). A turn with no end logged lasts until its process
-// exited, or to the end of the history. It judges turns.
+// delivery at a time; §6: two activations never run turns at the same
+// time). A turn with no end logged lasts until its process exited, or to
+// the end of the history.
+//
+// One overlap is not a violation: a turn whose process was frozen
+// (NodeFreeze) while the turn was running, with a successor's turn starting
+// after the freeze began. Nothing can stop a process mid-turn; the design
+// answers a pause with fencing instead — the frozen turn's state save fails
+// once a successor took the state over (DESIGN §7a), which CheckKV judges —
+// so such pairs are reported by PausedOverlaps, not here. A frozen node
+// that starts a new turn after it wakes is still a violation. It judges
+// turns.
 func CheckSingleActivation(h *History) (int, []Violation) {
+	v, _ := singleActivation(h)
+	return len(h.Turns), v
+}
+
+// PausedOverlaps returns the overlaps CheckSingleActivation excuses: a turn
+// frozen mid-way and a successor's turn that started during or after the
+// freeze. They are what a process pause does to any runtime; a run reports
+// them so that a reader sees how often the fencing of state was needed.
+func PausedOverlaps(h *History) []Violation {
+	_, p := singleActivation(h)
+	return p
+}
+
+func singleActivation(h *History) (violations, paused []Violation) {
+	freezes := map[string][][2]int64{} // process -> frozen intervals
+	for _, f := range h.Faults {
+		if f.Kind == NodeFreeze && f.Process != "" {
+			freezes[f.Process] = append(freezes[f.Process], [2]int64{f.Start, f.End})
+		}
+	}
+	// frozenMidTurn reports whether o's process froze while o ran, before
+	// t started.
+	frozenMidTurn := func(o, t Turn) bool {
+		for _, fz := range freezes[o.Process] {
+			if o.Start <= fz[0] && fz[0] < h.turnEnd(o) && fz[0] <= t.Start {
+				return true
+			}
+		}
+		return false
+	}
 	byAddr := map[string][]Turn{}
 	for _, t := range h.Turns {
 		byAddr[t.Address] = append(byAddr[t.Address], t)
 	}
-	addrs := sortedKeys(byAddr)
-	var out []Violation
-	for _, a := range addrs {
+	for _, a := range sortedKeys(byAddr) {
 		ts := byAddr[a]
 		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
 		var active []Turn
@@ -159,16 +197,23 @@ func CheckSingleActivation(h *History) (int, []Violation) {
 			active = keep
 			for _, o := range active {
 				what := "turns of two activations overlap"
-				if o.Node == t.Node && o.Generation == t.Generation && o.Activation == t.Activation {
+				same := o.Node == t.Node && o.Generation == t.Generation && o.Activation == t.Activation
+				if same {
 					what = "two turns of one activation overlap"
 				}
-				out = append(out, Violation{Check: "single-activation", Address: a, ID: t.ID,
-					Detail: fmt.Sprintf("%s: %s and %s", what, h.describeTurn(o), h.describeTurn(t))})
+				v := Violation{Check: "single-activation", Address: a, ID: t.ID,
+					Detail: fmt.Sprintf("%s: %s and %s", what, h.describeTurn(o), h.describeTurn(t))}
+				if !same && frozenMidTurn(o, t) {
+					v.Detail = "a turn frozen mid-way overlaps a successor's: " + v.Detail
+					paused = append(paused, v)
+					continue
+				}
+				violations = append(violations, v)
 			}
 			active = append(active, t)
 		}
 	}
-	return len(h.Turns), out
+	return violations, paused
 }
 
 // CheckLaneOrder checks that within each lane (address, stream) the

@@ -66,6 +66,32 @@ func TestSingleActivation(t *testing.T) {
 			turn("b", "k/1", "n2", 2, 500, 510),
 		}}, "no end logged")
 	})
+	freeze := FaultRecord{Fault: Fault{Kind: NodeFreeze}, Process: "n1#0", Start: ms(5), End: ms(400)}
+	t.Run("good: a turn frozen mid-way while a successor ran", func(t *testing.T) {
+		h := &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 0, 401),
+			turn("b", "k/1", "n2", 2, 300, 310),
+			turn("c", "k/1", "n2", 2, 400, 410),
+		}}
+		expect(t, CheckSingleActivation, h)
+		if p := PausedOverlaps(h); len(p) != 2 || !strings.Contains(p[0].Detail, "frozen mid-way") {
+			t.Fatalf("PausedOverlaps = %v, want the two overlaps", p)
+		}
+	})
+	t.Run("bad: a frozen node starts a turn after it woke", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
+			turn("b", "k/1", "n2", 2, 300, 500),
+			turn("a", "k/1", "n1", 1, 450, 451),
+		}}, "turns of two activations overlap: b on n2.2")
+	})
+	t.Run("bad: a turn on another node overlaps one that froze later", func(t *testing.T) {
+		// n2's turn was running when n1 froze; n1's frozen turn started
+		// later: the freeze does not excuse n2's.
+		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
+			turn("b", "k/1", "n2", 2, 0, 100),
+			turn("a", "k/1", "n1", 1, 4, 401),
+		}}, "turns of two activations overlap: b on n2.2")
+	})
 	t.Run("good: a turn cut short by its process's death", func(t *testing.T) {
 		expect(t, CheckSingleActivation, &History{Exits: map[string]int64{"n1#0": ms(100)}, Turns: []Turn{
 			turn("a", "k/1", "n1", 1, 0, 0),

@@ -194,20 +194,22 @@ type Turn struct {
 // FaultRecord is one fault as it was applied, for the report.
 type FaultRecord struct {
 	Fault
-	Start int64  `json:"start"` // when it was injected
-	End   int64  `json:"end"`   // when it was healed (the process restarted, woken, the link restored)
-	Note  string `json:"note,omitempty"`
+	// Process is the node process it hit (Turn.Process), for node faults.
+	Process string `json:"process,omitempty"`
+	Start   int64  `json:"start"` // when it was injected
+	End     int64  `json:"end"`   // when it was healed (the process restarted, woken, the link restored)
+	Note    string `json:"note,omitempty"`
 }
 
 // History is everything one run recorded.
 type History struct {
-	Seed   uint64 `json:"seed"`
-	Start  int64  `json:"start"`
-	End    int64  `json:"end"` // when recording stopped: an open turn lasts until then
-	Ops    []Op   `json:"ops"`
-	Late   []Late `json:"late,omitempty"`
-	Turns  []Turn `json:"turns"`
-	Faults []FaultRecord
+	Seed   uint64        `json:"seed"`
+	Start  int64         `json:"start"`
+	End    int64         `json:"end"` // when recording stopped: an open turn lasts until then
+	Ops    []Op          `json:"ops"`
+	Late   []Late        `json:"late,omitempty"`
+	Turns  []Turn        `json:"turns"`
+	Faults []FaultRecord `json:"faults,omitempty"`
 	// Exits maps a process (Turn.Process) to when it was seen to exit: a
 	// turn with no end logged ended at the latest then.
 	Exits map[string]int64 `json:"exits,omitempty"`
@@ -225,7 +227,8 @@ func (h *History) turnEnd(t Turn) int64 {
 	return h.End
 }
 
-// WriteJSON writes h to path as indented JSON.
+// WriteJSON writes h to path as indented JSON, replacing the file; errors
+// are the file system's.
 func (h *History) WriteJSON(path string) error {
 	b, err := json.MarshalIndent(h, "", " ")
 	if err != nil {
@@ -234,7 +237,8 @@ func (h *History) WriteJSON(path string) error {
 	return os.WriteFile(path, b, 0o644)
 }
 
-// ReadJSON reads a history WriteJSON wrote.
+// ReadJSON reads a history WriteJSON wrote. Errors: the file system's, or
+// the file is not a history's JSON.
 func ReadJSON(path string) (*History, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
