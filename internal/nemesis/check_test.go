@@ -28,7 +28,7 @@ func expect(t *testing.T, check CheckFunc, h *History, want ...string) {
 	if h.End == 0 {
 		h.End = ms(10_000)
 	}
-	_, got := check(h)
+	got := check(h).Violations
 	if len(got) != len(want) {
 		t.Fatalf("got %d violations, want %d: %v", len(got), len(want), got)
 	}
@@ -74,8 +74,8 @@ func TestSingleActivation(t *testing.T) {
 			turn("c", "k/1", "n2", 2, 400, 410),
 		}}
 		expect(t, CheckSingleActivation, h)
-		if p := PausedOverlaps(h); len(p) != 2 || !strings.Contains(p[0].Detail, "frozen mid-way") {
-			t.Fatalf("PausedOverlaps = %v, want the two overlaps", p)
+		if p := CheckSingleActivation(h).Excused; len(p) != 2 || !strings.Contains(p[0].Detail, "frozen mid-way") {
+			t.Fatalf("excused %v, want the two overlaps", p)
 		}
 	})
 	t.Run("bad: a frozen node starts a turn after it woke", func(t *testing.T) {
@@ -167,6 +167,37 @@ func TestAtMostOnce(t *testing.T) {
 			Turns: []Turn{turn("a", "k/1", "n1", 1, 10, 11), turn("a", "k/1", "n2", 2, 20, 21)},
 		}, "accepted once, ran 2 times")
 	})
+	cut := FaultRecord{Fault: Fault{Kind: LinkCut}, Process: "n1#0", Start: ms(500), End: ms(700)}
+	acceptedBy := func(node string) Outcome { o := accepted(); o.Node = node; return o }
+	t.Run("good: the extra run was on a node cut off, another generation answered", func(t *testing.T) {
+		h := &History{
+			Faults: []FaultRecord{cut},
+			Ops:    []Op{lane("a", "k/1", "", 0, 0, acceptedBy("n2.2")), lane("r", "k/1", "", 0, 0, notOwner)},
+			Turns: []Turn{
+				turn("a", "k/1", "n1", 1, 400, 401), // within PartitionGrace before the cut
+				turn("a", "k/1", "n2", 2, 800, 801),
+				turn("r", "k/1", "n1", 1, 600, 601),
+			},
+		}
+		expect(t, CheckAtMostOnce, h)
+		if e := CheckAtMostOnce(h).Excused; len(e) != 2 {
+			t.Fatalf("excused %v, want both", e)
+		}
+	})
+	t.Run("bad: the generation that answered ran it twice, one run during a cut", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{
+			Faults: []FaultRecord{cut},
+			Ops:    []Op{lane("a", "k/1", "", 0, 0, acceptedBy("n1.1"))},
+			Turns:  []Turn{turn("a", "k/1", "n1", 1, 550, 551), turn("a", "k/1", "n1", 1, 800, 801)},
+		}, "accepted once, ran 2 times")
+	})
+	t.Run("bad: the extra run was outside the cut's window", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{
+			Faults: []FaultRecord{cut},
+			Ops:    []Op{lane("a", "k/1", "", 0, 0, acceptedBy("n2.2"))},
+			Turns:  []Turn{turn("a", "k/1", "n1", 1, 10, 11), turn("a", "k/1", "n2", 2, 800, 801)},
+		}, "accepted once, ran 2 times")
+	})
 	t.Run("bad: a resendable verdict for a delivery that ran", func(t *testing.T) {
 		noEffect := turn("r", "k/1", "n1", 1, 10, 11)
 		noEffect.NoEffect = true
@@ -249,7 +280,7 @@ func TestKV(t *testing.T) {
 	timeout := Outcome{Verdict: Failed, Timeout: true, Reason: "timeout"}
 	resendable := Outcome{Verdict: ShuttingDown, Resendable: true, Reason: "not-owner"}
 	check := func(dir string) CheckFunc {
-		return func(h *History) (int, []Violation) { return CheckKV(h, Options{OutDir: dir}) }
+		return func(h *History) Finding { return CheckKV(h, Options{OutDir: dir}) }
 	}
 	t.Run("good", func(t *testing.T) {
 		expect(t, check(""), &History{Ops: []Op{

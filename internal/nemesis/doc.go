@@ -7,8 +7,11 @@
 // — its invoke and completion times, its verdict, delivery ID, lane and
 // per-lane sequence number — and, from the node processes, the start and
 // end of every handler turn with the node generation and activation that
-// ran it. After the run each checker reads the [History] and returns the
-// [Violation]s it found:
+// ran it. After the run each checker reads the [History] and returns a
+// [Finding]: the [Violation]s, and apart from them what it excused — the
+// windows the design documents rather than promises away (a turn frozen
+// mid-way by a process pause; a delivery run by a node before it noticed
+// its link was cut, whose answer was lost):
 //
 //   - [CheckSingleActivation]: no two turns of one address overlap in time.
 //   - [CheckLaneOrder]: within a lane the handlers saw accepted deliveries

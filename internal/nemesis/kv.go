@@ -124,7 +124,7 @@ func kvOperations(h *History) (map[string][]porcupine.Operation, int) {
 // Porcupine's HTML visualization to o.OutDir (kv-<address>.html) and names
 // the file in the violation. It judges the kv operations it fed to
 // Porcupine.
-func CheckKV(h *History, o Options) (int, []Violation) {
+func CheckKV(h *History, o Options) Finding {
 	timeout := o.KVTimeout
 	if timeout == 0 {
 		timeout = 30 * time.Second
@@ -151,7 +151,7 @@ func CheckKV(h *History, o Options) (int, []Violation) {
 		}
 		out = append(out, Violation{Check: "kv-linearizable", Address: addr, Detail: detail})
 	}
-	return n, out
+	return Finding{Checked: n, Violations: out}
 }
 
 func writeVisualization(dir, addr string, info porcupine.LinearizationInfo) (string, error) {
