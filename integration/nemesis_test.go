@@ -168,7 +168,7 @@ func TestNemesis(t *testing.T) {
 	n.waitTurnsSettled()
 	h := n.rec.Finish(time.Now().UnixNano(), n.turns())
 	settled := time.Since(start)
-	n.report(cfg, sched, h)
+	n.report(cfg, h)
 	t.Logf("timing: build %v, cluster and nodes %v, faults and recovery %v, settling %v, checks %v",
 		built.Sub(began).Round(time.Millisecond), start.Sub(built).Round(time.Millisecond),
 		faulted.Round(time.Millisecond), (settled - faulted).Round(time.Millisecond), (time.Since(start) - settled).Round(time.Millisecond))
@@ -305,7 +305,7 @@ func (n *nemesisRun) waitTurnsSettled() {
 
 // report runs the checkers and fails the test with the seed and every
 // violation.
-func (n *nemesisRun) report(cfg nemesisConfig, sched nemesis.Schedule, h *nemesis.History) {
+func (n *nemesisRun) report(cfg nemesisConfig, h *nemesis.History) {
 	t := n.t
 	verdicts := map[string]int{}
 	for _, op := range h.Ops {
