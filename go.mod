@@ -3,6 +3,7 @@ module github.com/natsmesh/natsmesh
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/mattn/go-isatty v0.0.24
 	github.com/nats-io/jwt/v2 v2.8.2

@@ -22,18 +22,36 @@
 //	       its change and its save; its save's outcome, and
 //	       every failed save, is reported to "test.save" (headers Test-Node,
 //	       Test-Address, Test-Value, Test-Err), acknowledged and retried
+//	nlane  the nemesis's lane hub (integration.TestNemesis): responds with
+//	       the payload
+//	nkv    the nemesis's kv hub: one durable register per address (DESIGN
+//	       §7a): type "get" responds with the value, "set" saves the payload
+//	       and responds "ok", "cas" (payload "<expect>\n<new>") saves <new>
+//	       and responds "ok" if the register holds <expect>, else responds
+//	       "fail"; a failed save is the handler's error
+//
+// The nemesis kinds take their address's durable state over when they are
+// built (the record names the node generation and the activation's epoch)
+// and log every turn's start and end as a JSON line on stdout
+// (nemesis.TurnEvent): the harness captures stdout, so the turn log
+// survives the process (a SIGKILL loses no line written before it) and
+// needs no NATS to get out.
 //
 // Its first stdout line matches meshd's: "meshd: node <id> serving on NATS at <url>".
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,6 +61,7 @@ import (
 	"github.com/natsmesh/natsmesh/daemon"
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/counterhub"
+	"github.com/natsmesh/natsmesh/internal/nemesis"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -164,6 +183,8 @@ func main() {
 			"count": counting(0),
 			"dctr":  dctr,
 			"slow":  counting(50 * time.Millisecond),
+			"nlane": nemesisKind(laneTurn),
+			"nkv":   nemesisKind(kvTurn),
 		},
 		Ready: func(i daemon.Info) {
 			if i.HTTPAddr != "" {
@@ -176,4 +197,71 @@ func main() {
 		fmt.Fprintln(os.Stderr, "testnode:", err)
 		os.Exit(2)
 	}
+}
+
+// turnLog writes the nemesis kinds' turn events to stdout, one line each.
+var turnLog struct {
+	mu sync.Mutex
+	n  atomic.Uint64
+}
+
+func logTurn(e nemesis.TurnEvent) {
+	e.At = time.Now().UnixNano()
+	turnLog.mu.Lock()
+	defer turnLog.mu.Unlock()
+	_, _ = os.Stdout.Write(e.Line())
+}
+
+// nemesisKind returns the factory of a nemesis kind whose turns run turn:
+// it takes the address's state over, then logs each turn's start and end
+// around turn; the end says whether the turn's error says it persisted
+// nothing (hub.ErrStateFenced, hub.ErrStateUnavailable).
+func nemesisKind(turn func(ctx context.Context, st *hub.State, value *string, d *hub.Delivery) error) hub.Factory {
+	return func(ctx context.Context, addr subjects.Address) (hub.Hub, error) {
+		st, err := hub.LoadState(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rec := st.Record()
+		value := string(rec.Data)
+		return hub.HandlerFunc(func(ctx context.Context, d *hub.Delivery) error {
+			n := turnLog.n.Add(1)
+			logTurn(nemesis.TurnEvent{Event: nemesis.TurnStart, N: n, Node: rec.Owner.Name, Generation: rec.Owner.Generation,
+				Activation: rec.Epoch, Address: string(d.To), Stream: string(d.Stream), ID: d.ID, Attempt: d.Attempt})
+			err := turn(ctx, st, &value, d)
+			logTurn(nemesis.TurnEvent{Event: nemesis.TurnEnd, N: n,
+				NoEffect: errors.Is(err, hub.ErrStateFenced) || errors.Is(err, hub.ErrStateUnavailable)})
+			return err
+		}), nil
+	}
+}
+
+func laneTurn(_ context.Context, _ *hub.State, _ *string, d *hub.Delivery) error {
+	return d.Respond(d.Payload)
+}
+
+func kvTurn(ctx context.Context, st *hub.State, value *string, d *hub.Delivery) error {
+	next := ""
+	switch d.Type {
+	case "get":
+		return d.Respond([]byte(*value))
+	case "set":
+		next = string(d.Payload)
+	case "cas":
+		expect, nv, ok := strings.Cut(string(d.Payload), "\n")
+		if !ok {
+			return fmt.Errorf("cas payload %q: want <expect>\\n<new>", d.Payload)
+		}
+		if *value != expect {
+			return d.Respond([]byte(nemesis.KVFail))
+		}
+		next = nv
+	default:
+		return fmt.Errorf("unknown kv operation %q", d.Type)
+	}
+	if err := st.Save(ctx, []byte(next)); err != nil {
+		return err
+	}
+	*value = next
+	return d.Respond([]byte(nemesis.KVOK))
 }

@@ -1,0 +1,454 @@
+package nemesis
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Violation is one breach of a guarantee a checker found.
+type Violation struct {
+	Check   string `json:"check"`
+	ID      string `json:"id,omitempty"`
+	Address string `json:"addr,omitempty"`
+	Stream  string `json:"stream,omitempty"`
+	Detail  string `json:"detail"`
+}
+
+// String returns the violation on one line.
+func (v Violation) String() string {
+	var b strings.Builder
+	b.WriteString(v.Check)
+	if v.Address != "" {
+		fmt.Fprintf(&b, " %s", v.Address)
+		if v.Stream != "" {
+			fmt.Fprintf(&b, "|%s", v.Stream)
+		}
+	}
+	if v.ID != "" {
+		fmt.Fprintf(&b, " id %s", v.ID)
+	}
+	b.WriteString(": ")
+	b.WriteString(v.Detail)
+	return b.String()
+}
+
+// Finding is what a check found in a history.
+type Finding struct {
+	// Checked is how many items it judged (turns, deliveries, operations:
+	// what the check is about).
+	Checked int
+	// Violations breach the guarantee.
+	Violations []Violation
+	// Excused would be violations but for a window the design documents
+	// (a process paused mid-turn, the at-least-once window of a
+	// partition): not failures, listed so that a reader sees how often
+	// the run hit them.
+	Excused []Violation
+}
+
+// CheckFunc judges a history.
+type CheckFunc func(h *History) Finding
+
+// Checker is a named check.
+type Checker struct {
+	Name  string
+	Check CheckFunc
+}
+
+// Options configure the checkers that need more than the history.
+type Options struct {
+	// OutDir receives the HTML visualization of each kv partition that is
+	// not linearizable; empty means none is written (the violation says
+	// so).
+	OutDir string
+	// KVTimeout bounds the linearizability search of one address; 0 means
+	// 30 s. A search that runs out is a violation (undecided), never a
+	// pass.
+	KVTimeout time.Duration
+}
+
+// Checkers returns every checker, in the order the report lists them.
+func Checkers(o Options) []Checker {
+	return []Checker{
+		{"single-activation", CheckSingleActivation},
+		{"lane-order", CheckLaneOrder},
+		{"at-most-once", CheckAtMostOnce},
+		{"timeout-not-resent", CheckTimeoutNotResent},
+		{"one-verdict", CheckOneVerdict},
+		{"kv-linearizable", func(h *History) Finding { return CheckKV(h, o) }},
+	}
+}
+
+// Result is one checker's finding on a history.
+type Result struct {
+	Name string
+	Finding
+}
+
+// Run runs every checker of Checkers(o) on h.
+func Run(h *History, o Options) []Result {
+	var out []Result
+	for _, c := range Checkers(o) {
+		out = append(out, Result{Name: c.Name, Finding: c.Check(h)})
+	}
+	return out
+}
+
+// PartitionGrace is how long before a link cut or a freeze of its node a
+// turn may have started and still be in the fault's window: the acceptance
+// reply of a delivery accepted just before the fault can be lost with the
+// link.
+const PartitionGrace = 250 * time.Millisecond
+
+// inPartitionWindow reports whether t started while its process was cut
+// off or frozen (or just before: PartitionGrace): the window in which a
+// node runs a delivery before it notices that its link is gone, and its
+// answers are lost (DESIGN §6: "the documented at-least-once window of a
+// partition").
+func (h *History) inPartitionWindow(t Turn) bool {
+	for _, f := range h.Faults {
+		if (f.Kind == LinkCut || f.Kind == NodeFreeze) && f.Process == t.Process &&
+			f.Start-int64(PartitionGrace) <= t.Start && t.Start <= f.End {
+			return true
+		}
+	}
+	return false
+}
+
+// rel formats a Unix-ns time as an offset from the history's start.
+func (h *History) rel(t int64) string {
+	return (time.Duration(t - h.Start)).Round(time.Microsecond).String()
+}
+
+func (h *History) describeTurn(t Turn) string {
+	end := "…" + h.rel(h.turnEnd(t)) + " (no end logged)"
+	if t.End != 0 {
+		end = h.rel(t.End)
+	}
+	noEffect := ""
+	if t.NoEffect {
+		noEffect = ", persisted nothing"
+	}
+	return fmt.Sprintf("%s on %s.%d (process %s, activation %d, attempt %d%s) [%s, %s]",
+		t.ID, t.Node, t.Generation, t.Process, t.Activation, t.Attempt, noEffect, h.rel(t.Start), end)
+}
+
+// turnsByID returns the turns of each delivery ID, in start order.
+func (h *History) turnsByID() map[string][]Turn {
+	out := map[string][]Turn{}
+	for _, t := range h.Turns {
+		out[t.ID] = append(out[t.ID], t)
+	}
+	for _, ts := range out {
+		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
+	}
+	return out
+}
+
+// lateByID returns the late verdicts of each delivery ID.
+func (h *History) lateByID() map[string][]Late {
+	out := map[string][]Late{}
+	for _, l := range h.Late {
+		out[l.ID] = append(out[l.ID], l)
+	}
+	return out
+}
+
+// final returns op's final outcome: its first late verdict if it has one,
+// else what its call returned.
+func final(op Op, late map[string][]Late) Outcome {
+	if ls := late[op.ID]; len(ls) > 0 {
+		return ls[0].Outcome
+	}
+	return op.Outcome
+}
+
+// CheckSingleActivation checks that no two turns of one address overlap in
+// time, whichever nodes, generations or activations ran them (DESIGN §5:
+// at most one live activation per address, and its handler runs one
+// delivery at a time; §6: two activations never run turns at the same
+// time). A turn with no end logged lasts until its process exited, or to
+// the end of the history.
+//
+// One overlap is not a violation: a turn whose process was frozen
+// (NodeFreeze) while the turn was running, with a successor's turn starting
+// after the freeze began. Nothing can stop a process mid-turn; the design
+// answers a pause with fencing instead — the frozen turn's state save fails
+// once a successor took the state over (DESIGN §7a), which CheckKV judges —
+// so such pairs are excused (Finding.Excused). A frozen node
+// that starts a new turn after it wakes is still a violation. It judges
+// turns.
+func CheckSingleActivation(h *History) Finding {
+	f := Finding{Checked: len(h.Turns)}
+	freezes := map[string][][2]int64{} // process -> frozen intervals
+	for _, f := range h.Faults {
+		if f.Kind == NodeFreeze && f.Process != "" {
+			freezes[f.Process] = append(freezes[f.Process], [2]int64{f.Start, f.End})
+		}
+	}
+	// frozenMidTurn reports whether o's process froze while o ran, before
+	// t started.
+	frozenMidTurn := func(o, t Turn) bool {
+		for _, fz := range freezes[o.Process] {
+			if o.Start <= fz[0] && fz[0] < h.turnEnd(o) && fz[0] <= t.Start {
+				return true
+			}
+		}
+		return false
+	}
+	byAddr := map[string][]Turn{}
+	for _, t := range h.Turns {
+		byAddr[t.Address] = append(byAddr[t.Address], t)
+	}
+	for _, a := range sortedKeys(byAddr) {
+		ts := byAddr[a]
+		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
+		var active []Turn
+		for _, t := range ts {
+			keep := active[:0]
+			for _, o := range active {
+				if h.turnEnd(o) > t.Start {
+					keep = append(keep, o)
+				}
+			}
+			active = keep
+			for _, o := range active {
+				what := "turns of two activations overlap"
+				same := o.Node == t.Node && o.Generation == t.Generation && o.Activation == t.Activation
+				if same {
+					what = "two turns of one activation overlap"
+				}
+				v := Violation{Check: "single-activation", Address: a, ID: t.ID,
+					Detail: fmt.Sprintf("%s: %s and %s", what, h.describeTurn(o), h.describeTurn(t))}
+				if !same && frozenMidTurn(o, t) {
+					v.Detail = "a turn frozen mid-way overlaps a successor's: " + v.Detail
+					f.Excused = append(f.Excused, v)
+					continue
+				}
+				f.Violations = append(f.Violations, v)
+			}
+			active = append(active, t)
+		}
+	}
+	return f
+}
+
+// CheckLaneOrder checks that within each lane (address, stream) the
+// handlers saw the deliveries whose final verdict was Accepted in the
+// caller's order (ascending Op.Seq), judged by the first turn of each: a
+// delivery that ran after a later one of its lane had run is an inversion.
+// It judges the sequenced, accepted deliveries that ran.
+func CheckLaneOrder(h *History) Finding {
+	turns := h.turnsByID()
+	late := h.lateByID()
+	type ran struct {
+		op    Op
+		start int64
+	}
+	lanes := map[[2]string][]ran{}
+	n := 0
+	for _, op := range h.Ops {
+		if op.Seq == 0 || final(op, late).Verdict != Accepted {
+			continue
+		}
+		ts := turns[op.ID]
+		if len(ts) == 0 {
+			continue
+		}
+		n++
+		k := [2]string{op.Address, op.Stream}
+		lanes[k] = append(lanes[k], ran{op, ts[0].Start})
+	}
+	keys := make([][2]string, 0, len(lanes))
+	for k := range lanes {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i][0] < keys[j][0] || keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1]
+	})
+	var out []Violation
+	for _, k := range keys {
+		rs := lanes[k]
+		sort.SliceStable(rs, func(i, j int) bool { return rs[i].start < rs[j].start })
+		var top ran
+		for i, r := range rs {
+			if i > 0 && r.op.Seq <= top.op.Seq {
+				out = append(out, Violation{Check: "lane-order", Address: k[0], Stream: k[1], ID: r.op.ID,
+					Detail: fmt.Sprintf("seq %d (%s) ran at %s, after seq %d (%s) ran at %s", r.op.Seq, r.op.ID, h.rel(r.start), top.op.Seq, top.op.ID, h.rel(top.start))})
+			}
+			if i == 0 || r.op.Seq > top.op.Seq {
+				top = r
+			}
+		}
+	}
+	return Finding{Checked: n, Violations: out}
+}
+
+// CheckAtMostOnce checks, per delivery ID, that a delivery whose final
+// verdict was Accepted and that is not Idempotent ran at most once, and
+// that a delivery whose final verdict was resendable (the mesh's word that
+// the callee holds nothing) never ran — but for turns whose handler itself
+// reported that it persisted nothing (Turn.NoEffect: the resendable verdict
+// is the handler's own, and true).
+//
+// A run that the sender could not know of is excused: one that started on
+// a node whose link was cut or that was frozen (from PartitionGrace before
+// the fault to its end), on a generation other than the one whose answer
+// the sender took — the node ran the delivery before it noticed it was cut
+// off and its answer was lost, the at-least-once window DESIGN §6
+// documents. The same generation running a delivery twice is never
+// excused. It judges deliveries.
+func CheckAtMostOnce(h *History) Finding {
+	turns := h.turnsByID()
+	late := h.lateByID()
+	f := Finding{Checked: len(h.Ops)}
+	for _, op := range h.Ops {
+		ts := turns[op.ID]
+		fin := final(op, late)
+		// unseen: turns the sender cannot have known of.
+		unseen := func(t Turn) bool {
+			return h.inPartitionWindow(t) && (fin.Verdict != Accepted || fmt.Sprintf("%s.%d", t.Node, t.Generation) != op.Node)
+		}
+		var v Violation
+		var seen []Turn
+		switch {
+		case fin.Verdict == Accepted && !op.Idempotent && len(ts) > 1:
+			for _, t := range ts {
+				if !unseen(t) {
+					seen = append(seen, t)
+				}
+			}
+			v = Violation{Check: "at-most-once", Address: op.Address, Stream: op.Stream, ID: op.ID,
+				Detail: fmt.Sprintf("accepted once, ran %d times: %s", len(ts), h.describeTurns(ts))}
+			if len(seen) > 1 {
+				f.Violations = append(f.Violations, v)
+			} else {
+				v.Detail += " (the extra run was on a node cut off or frozen: the at-least-once window of a partition)"
+				f.Excused = append(f.Excused, v)
+			}
+		case fin.Resendable && hadEffect(ts):
+			for _, t := range ts {
+				if !t.NoEffect && !unseen(t) {
+					seen = append(seen, t)
+				}
+			}
+			v = Violation{Check: "at-most-once", Address: op.Address, Stream: op.Stream, ID: op.ID,
+				Detail: fmt.Sprintf("resendable verdict %s (%s) for a delivery whose handler ran: %s", fin.Verdict, fin.Reason, h.describeTurns(ts))}
+			if len(seen) > 0 {
+				f.Violations = append(f.Violations, v)
+			} else {
+				v.Detail += " (it ran on a node cut off or frozen: the at-least-once window of a partition)"
+				f.Excused = append(f.Excused, v)
+			}
+		}
+	}
+	return f
+}
+
+// hadEffect reports whether any of ts ran without reporting that it
+// persisted nothing.
+func hadEffect(ts []Turn) bool {
+	for _, t := range ts {
+		if !t.NoEffect {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *History) describeTurns(ts []Turn) string {
+	s := make([]string, len(ts))
+	for i, t := range ts {
+		s[i] = h.describeTurn(t)
+	}
+	return strings.Join(s, "; ")
+}
+
+// CheckTimeoutNotResent checks that a delivery whose verdict was a timeout
+// was never sent again (DESIGN §3, §4: a timed-out leg may still be held
+// by its callee): it ran at most once, and no attempt after the one that
+// timed out (Outcome.Attempts) was accepted. It judges the timed-out
+// deliveries.
+func CheckTimeoutNotResent(h *History) Finding {
+	turns := h.turnsByID()
+	n := 0
+	var out []Violation
+	for _, op := range h.Ops {
+		if !op.Timeout {
+			continue
+		}
+		n++
+		ts := turns[op.ID]
+		if len(ts) > 1 {
+			out = append(out, Violation{Check: "timeout-not-resent", Address: op.Address, Stream: op.Stream, ID: op.ID,
+				Detail: fmt.Sprintf("timed out after %d attempts, ran %d times: %s", op.Attempts, len(ts), h.describeTurns(ts))})
+			continue
+		}
+		for _, t := range ts {
+			if t.Attempt > op.Attempts {
+				out = append(out, Violation{Check: "timeout-not-resent", Address: op.Address, Stream: op.Stream, ID: op.ID,
+					Detail: fmt.Sprintf("timed out at attempt %d, then attempt %d was accepted and ran: %s", op.Attempts, t.Attempt, h.describeTurn(t))})
+			}
+		}
+	}
+	return Finding{Checked: n, Violations: out}
+}
+
+// CheckOneVerdict checks that every delivery got exactly one final verdict
+// (DESIGN §5 "Answer once"): its call returned with a verdict; at most one
+// late verdict came, only for a Deliver whose call returned Accepted, and
+// a late verdict is a failure; no late verdict names a delivery that was
+// never sent. It judges deliveries.
+func CheckOneVerdict(h *History) Finding {
+	late := h.lateByID()
+	byID := map[string]Op{}
+	var out []Violation
+	for _, op := range h.Ops {
+		byID[op.ID] = op
+		v := func(format string, args ...any) {
+			out = append(out, Violation{Check: "one-verdict", Address: op.Address, Stream: op.Stream, ID: op.ID, Detail: fmt.Sprintf(format, args...)})
+		}
+		if op.Complete == 0 || op.Verdict == None {
+			v("no verdict: called at %s, never returned (history ends at %s)", h.rel(op.Invoke), h.rel(h.End))
+		}
+		ls := late[op.ID]
+		if len(ls) == 0 {
+			continue
+		}
+		switch {
+		case len(ls) > 1:
+			v("%d late verdicts: %s", len(ls), describeLates(ls))
+		case op.Kind != Deliver:
+			v("a late verdict for a %s (its verdict is what its call returned): %s", op.Kind, describeLates(ls))
+		case op.Verdict != Accepted && op.Verdict != None:
+			v("two final verdicts: the call returned %s (%s), then late %s", op.Verdict, op.Reason, describeLates(ls))
+		case ls[0].Verdict == Accepted:
+			v("a late verdict saying Accepted (late answers report failures after acceptance)")
+		}
+	}
+	for _, id := range sortedKeys(late) {
+		if _, ok := byID[id]; !ok {
+			out = append(out, Violation{Check: "one-verdict", ID: id, Detail: fmt.Sprintf("late verdict for a delivery never sent: %s", describeLates(late[id]))})
+		}
+	}
+	return Finding{Checked: len(h.Ops), Violations: out}
+}
+
+func describeLates(ls []Late) string {
+	s := make([]string, len(ls))
+	for i, l := range ls {
+		s[i] = fmt.Sprintf("%s (%s)", l.Verdict, l.Reason)
+	}
+	return strings.Join(s, ", ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,334 @@
+package nemesis
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// ms is a time in the hand-made histories: milliseconds after the start.
+func ms(n int64) int64 { return n * 1e6 }
+
+func accepted() Outcome { return Outcome{Verdict: Accepted, Attempts: 1} }
+
+// lane returns a sequenced delivery on lane (a, s), completed at invoke+5.
+func lane(id, a, s string, seq uint64, at int64, o Outcome) Op {
+	return Op{ID: id, Kind: Deliver, Address: a, Stream: s, Seq: seq, Invoke: ms(at), Complete: ms(at + 5), Outcome: o}
+}
+
+func turn(id, addr, node string, gen uint64, start, end int64) Turn {
+	return Turn{Process: node + "#0", Node: node, Generation: gen, Activation: gen, Address: addr, ID: id, Attempt: 1, Start: ms(start), End: ms(end)}
+}
+
+// expect runs check on h and fails unless it found exactly want
+// violations, each mentioning its substring.
+func expect(t *testing.T, check CheckFunc, h *History, want ...string) {
+	t.Helper()
+	if h.End == 0 {
+		h.End = ms(10_000)
+	}
+	got := check(h).Violations
+	if len(got) != len(want) {
+		t.Fatalf("got %d violations, want %d: %v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		if !strings.Contains(got[i].String(), w) {
+			t.Errorf("violation %d = %q, want it to mention %q", i, got[i], w)
+		}
+	}
+}
+
+func TestSingleActivation(t *testing.T) {
+	t.Run("good: turns one after the other across a move", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 0, 10),
+			turn("b", "k/1", "n1", 1, 10, 20), // touching is not overlapping
+			turn("c", "k/1", "n2", 2, 30, 40),
+			turn("x", "k/2", "n3", 3, 5, 35), // another address
+		}})
+	})
+	t.Run("bad: two nodes' turns overlap", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 0, 10),
+			turn("b", "k/1", "n2", 2, 5, 15),
+		}}, "turns of two activations overlap: a on n1.1")
+	})
+	t.Run("bad: two turns of one activation overlap", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 0, 10),
+			turn("b", "k/1", "n1", 1, 9, 12),
+		}}, "two turns of one activation overlap")
+	})
+	t.Run("bad: a turn never ended and a successor ran", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 0, 0),
+			turn("b", "k/1", "n2", 2, 500, 510),
+		}}, "no end logged")
+	})
+	freeze := FaultRecord{Fault: Fault{Kind: NodeFreeze}, Process: "n1#0", Start: ms(5), End: ms(400)}
+	t.Run("good: a turn frozen mid-way while a successor ran", func(t *testing.T) {
+		h := &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 0, 401),
+			turn("b", "k/1", "n2", 2, 300, 310),
+			turn("c", "k/1", "n2", 2, 400, 410),
+		}}
+		expect(t, CheckSingleActivation, h)
+		if p := CheckSingleActivation(h).Excused; len(p) != 2 || !strings.Contains(p[0].Detail, "frozen mid-way") {
+			t.Fatalf("excused %v, want the two overlaps", p)
+		}
+	})
+	t.Run("bad: a frozen node starts a turn after it woke", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
+			turn("b", "k/1", "n2", 2, 300, 500),
+			turn("a", "k/1", "n1", 1, 450, 451),
+		}}, "turns of two activations overlap: b on n2.2")
+	})
+	t.Run("bad: a turn on another node overlaps one that froze later", func(t *testing.T) {
+		// n2's turn was running when n1 froze; n1's frozen turn started
+		// later: the freeze does not excuse n2's.
+		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
+			turn("b", "k/1", "n2", 2, 0, 100),
+			turn("a", "k/1", "n1", 1, 4, 401),
+		}}, "turns of two activations overlap: b on n2.2")
+	})
+	t.Run("good: a turn cut short by its process's death", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Exits: map[string]int64{"n1#0": ms(100)}, Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 0, 0),
+			turn("b", "k/1", "n2", 2, 500, 510),
+		}})
+	})
+}
+
+func TestLaneOrder(t *testing.T) {
+	shut := Outcome{Verdict: ShuttingDown, Resendable: true, Reason: "shutting-down"}
+	timeout := Outcome{Verdict: Failed, Timeout: true, Reason: "timeout", Attempts: 1}
+	t.Run("good: in order, across a move, a timeout and a late failure aside", func(t *testing.T) {
+		expect(t, CheckLaneOrder, &History{
+			Ops: []Op{
+				lane("1", "k/1", "s", 1, 0, accepted()),
+				lane("2", "k/1", "s", 2, 1, timeout),
+				lane("3", "k/1", "s", 3, 2, accepted()),
+				lane("4", "k/1", "s", 4, 3, accepted()),
+				lane("5", "k/1", "s", 5, 4, accepted()),
+				lane("1b", "k/1", "other", 1, 0, accepted()),
+			},
+			Late: []Late{{ID: "4", Outcome: shut}},
+			Turns: []Turn{
+				turn("1", "k/1", "n1", 1, 10, 11),
+				turn("3", "k/1", "n1", 1, 12, 13),
+				turn("2", "k/1", "n1", 1, 14, 15), // timed out: may run late (protocol.md §3.4)
+				turn("1b", "k/1", "n1", 1, 16, 17),
+				turn("5", "k/1", "n2", 2, 30, 31),
+				turn("4", "k/1", "n2", 2, 32, 33), // failed late: judged by at-most-once
+				turn("3", "k/1", "n2", 2, 34, 35), // a duplicate: the first turn counts
+			},
+		})
+	})
+	t.Run("bad: an accepted delivery ran after a later one", func(t *testing.T) {
+		expect(t, CheckLaneOrder, &History{
+			Ops: []Op{
+				lane("1", "k/1", "s", 1, 0, accepted()),
+				lane("2", "k/1", "s", 2, 1, accepted()),
+				lane("3", "k/1", "s", 3, 2, accepted()),
+			},
+			Turns: []Turn{
+				turn("1", "k/1", "n1", 1, 10, 11),
+				turn("3", "k/1", "n1", 1, 12, 13),
+				turn("2", "k/1", "n2", 2, 14, 15),
+			},
+		}, "seq 2 (2) ran at 14ms, after seq 3 (3)")
+	})
+}
+
+func TestAtMostOnce(t *testing.T) {
+	unknown := Outcome{Verdict: Failed, Reason: "outcome-unknown"}
+	notOwner := Outcome{Verdict: ShuttingDown, Resendable: true, Reason: "not-owner"}
+	t.Run("good: once each; an idempotent or unknown-outcome one twice", func(t *testing.T) {
+		idem := lane("i", "k/1", "", 0, 0, accepted())
+		idem.Idempotent = true
+		expect(t, CheckAtMostOnce, &History{
+			Ops: []Op{lane("a", "k/1", "", 0, 0, accepted()), idem, lane("u", "k/1", "", 0, 0, unknown), lane("r", "k/1", "", 0, 0, notOwner)},
+			Turns: []Turn{
+				turn("a", "k/1", "n1", 1, 10, 11),
+				turn("i", "k/1", "n1", 1, 12, 13), turn("i", "k/1", "n2", 2, 14, 15),
+				turn("u", "k/1", "n1", 1, 16, 17), turn("u", "k/1", "n2", 2, 18, 19),
+			},
+		})
+	})
+	t.Run("good: a resendable verdict the handler gave, having persisted nothing", func(t *testing.T) {
+		tr := turn("r", "k/1", "n1", 1, 10, 11)
+		tr.NoEffect = true
+		expect(t, CheckAtMostOnce, &History{Ops: []Op{lane("r", "k/1", "", 0, 0, notOwner)}, Turns: []Turn{tr}})
+	})
+	t.Run("bad: accepted, ran twice", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{
+			Ops:   []Op{lane("a", "k/1", "", 0, 0, accepted())},
+			Turns: []Turn{turn("a", "k/1", "n1", 1, 10, 11), turn("a", "k/1", "n2", 2, 20, 21)},
+		}, "accepted once, ran 2 times")
+	})
+	cut := FaultRecord{Fault: Fault{Kind: LinkCut}, Process: "n1#0", Start: ms(500), End: ms(700)}
+	acceptedBy := func(node string) Outcome { o := accepted(); o.Node = node; return o }
+	t.Run("good: the extra run was on a node cut off, another generation answered", func(t *testing.T) {
+		h := &History{
+			Faults: []FaultRecord{cut},
+			Ops:    []Op{lane("a", "k/1", "", 0, 0, acceptedBy("n2.2")), lane("r", "k/1", "", 0, 0, notOwner)},
+			Turns: []Turn{
+				turn("a", "k/1", "n1", 1, 400, 401), // within PartitionGrace before the cut
+				turn("a", "k/1", "n2", 2, 800, 801),
+				turn("r", "k/1", "n1", 1, 600, 601),
+			},
+		}
+		expect(t, CheckAtMostOnce, h)
+		if e := CheckAtMostOnce(h).Excused; len(e) != 2 {
+			t.Fatalf("excused %v, want both", e)
+		}
+	})
+	t.Run("bad: the generation that answered ran it twice, one run during a cut", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{
+			Faults: []FaultRecord{cut},
+			Ops:    []Op{lane("a", "k/1", "", 0, 0, acceptedBy("n1.1"))},
+			Turns:  []Turn{turn("a", "k/1", "n1", 1, 550, 551), turn("a", "k/1", "n1", 1, 800, 801)},
+		}, "accepted once, ran 2 times")
+	})
+	t.Run("bad: the extra run was outside the cut's window", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{
+			Faults: []FaultRecord{cut},
+			Ops:    []Op{lane("a", "k/1", "", 0, 0, acceptedBy("n2.2"))},
+			Turns:  []Turn{turn("a", "k/1", "n1", 1, 10, 11), turn("a", "k/1", "n2", 2, 800, 801)},
+		}, "accepted once, ran 2 times")
+	})
+	t.Run("bad: a resendable verdict for a delivery that ran", func(t *testing.T) {
+		noEffect := turn("r", "k/1", "n1", 1, 10, 11)
+		noEffect.NoEffect = true
+		expect(t, CheckAtMostOnce, &History{
+			Ops:   []Op{lane("r", "k/1", "", 0, 0, notOwner)},
+			Turns: []Turn{noEffect, turn("r", "k/1", "n2", 2, 20, 21)},
+		}, "resendable verdict ShuttingDown (not-owner) for a delivery whose handler ran")
+	})
+	t.Run("bad: accepted, then a resendable late verdict, but it ran", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{
+			Ops:   []Op{lane("l", "k/1", "", 0, 0, accepted())},
+			Late:  []Late{{ID: "l", Outcome: Outcome{Verdict: ShuttingDown, Resendable: true, Reason: "shutting-down"}}},
+			Turns: []Turn{turn("l", "k/1", "n1", 1, 10, 11)},
+		}, "resendable verdict ShuttingDown (shutting-down)")
+	})
+}
+
+func TestTimeoutNotResent(t *testing.T) {
+	timeout := func(attempts int) Outcome {
+		return Outcome{Verdict: Failed, Timeout: true, Reason: "timeout", Attempts: attempts}
+	}
+	at := func(tr Turn, attempt int) Turn { tr.Attempt = attempt; return tr }
+	t.Run("good: the timed-out attempt ran (late) once", func(t *testing.T) {
+		expect(t, CheckTimeoutNotResent, &History{
+			Ops:   []Op{lane("t", "k/1", "", 0, 0, timeout(2)), lane("u", "k/1", "", 0, 0, timeout(1))},
+			Turns: []Turn{at(turn("t", "k/1", "n1", 1, 10, 11), 2)},
+		})
+	})
+	t.Run("bad: a later attempt was accepted", func(t *testing.T) {
+		expect(t, CheckTimeoutNotResent, &History{
+			Ops:   []Op{lane("t", "k/1", "", 0, 0, timeout(1))},
+			Turns: []Turn{at(turn("t", "k/1", "n2", 2, 10, 11), 2)},
+		}, "timed out at attempt 1, then attempt 2 was accepted")
+	})
+	t.Run("bad: it ran twice", func(t *testing.T) {
+		expect(t, CheckTimeoutNotResent, &History{
+			Ops:   []Op{lane("t", "k/1", "", 0, 0, timeout(1))},
+			Turns: []Turn{turn("t", "k/1", "n1", 1, 10, 11), turn("t", "k/1", "n2", 2, 20, 21)},
+		}, "ran 2 times")
+	})
+}
+
+func TestOneVerdict(t *testing.T) {
+	shut := Outcome{Verdict: ShuttingDown, Resendable: true, Reason: "shutting-down"}
+	req := lane("q", "k/1", "", 0, 0, accepted())
+	req.Kind = Request
+	t.Run("good: one verdict each, one late failure of an accepted Deliver", func(t *testing.T) {
+		expect(t, CheckOneVerdict, &History{
+			Ops:  []Op{lane("a", "k/1", "", 0, 0, accepted()), lane("b", "k/1", "", 0, 0, accepted()), lane("c", "k/1", "", 0, 0, shut), req},
+			Late: []Late{{ID: "b", Outcome: shut}},
+		})
+	})
+	never := lane("n", "k/1", "", 0, 0, Outcome{})
+	never.Complete = 0
+	for _, c := range []struct {
+		name string
+		h    History
+		want string
+	}{
+		{"bad: a call never returned", History{Ops: []Op{never}}, "no verdict"},
+		{"bad: two late verdicts", History{Ops: []Op{lane("a", "k/1", "", 0, 0, accepted())}, Late: []Late{{ID: "a", Outcome: shut}, {ID: "a", Outcome: shut}}}, "2 late verdicts"},
+		{"bad: a late verdict for a Request", History{Ops: []Op{req}, Late: []Late{{ID: "q", Outcome: shut}}}, "late verdict for a request"},
+		{"bad: a late verdict after a failure", History{Ops: []Op{lane("c", "k/1", "", 0, 0, shut)}, Late: []Late{{ID: "c", Outcome: shut}}}, "two final verdicts"},
+		{"bad: a late verdict saying Accepted", History{Ops: []Op{lane("a", "k/1", "", 0, 0, accepted())}, Late: []Late{{ID: "a", Outcome: accepted()}}}, "late verdict saying Accepted"},
+		{"bad: a late verdict for nothing sent", History{Late: []Late{{ID: "z", Outcome: shut}}}, "never sent"},
+	} {
+		t.Run(c.name, func(t *testing.T) { expect(t, CheckOneVerdict, &c.h, c.want) })
+	}
+}
+
+// kvOp is a kv operation on address k/1 by client c over [from, to] ms.
+func kvOp(id string, c int, kind OpKind, value, expect string, from, to int64, o Outcome) Op {
+	return Op{ID: id, Kind: kind, Client: c, Address: "k/1", Value: value, Expect: expect, Invoke: ms(from), Complete: ms(to), Outcome: o}
+}
+
+func answered(out string) Outcome { return Outcome{Verdict: Accepted, Output: out} }
+
+func TestKV(t *testing.T) {
+	unknown := Outcome{Verdict: Failed, Reason: "outcome-unknown"}
+	timeout := Outcome{Verdict: Failed, Timeout: true, Reason: "timeout"}
+	resendable := Outcome{Verdict: ShuttingDown, Resendable: true, Reason: "not-owner"}
+	check := func(dir string) CheckFunc {
+		return func(h *History) Finding { return CheckKV(h, Options{OutDir: dir}) }
+	}
+	t.Run("good", func(t *testing.T) {
+		expect(t, check(""), &History{Ops: []Op{
+			kvOp("g0", 0, KVGet, "", "", 0, 1, answered("")),
+			kvOp("s1", 0, KVSet, "a", "", 2, 4, answered(KVOK)),
+			kvOp("g1", 1, KVGet, "", "", 3, 5, answered("")), // concurrent with the set: either
+			kvOp("g2", 1, KVGet, "", "", 6, 7, answered("a")),
+			kvOp("c1", 0, KVCas, "b", "a", 8, 9, answered(KVOK)),
+			kvOp("c2", 1, KVCas, "c", "a", 10, 11, answered(KVFail)),
+			kvOp("s2", 0, KVSet, "d", "", 12, 13, unknown), // took effect, or not:
+			kvOp("g3", 1, KVGet, "", "", 14, 15, answered("b")),
+			kvOp("s3", 0, KVSet, "e", "", 16, 17, timeout),
+			kvOp("g4", 1, KVGet, "", "", 18, 19, answered("e")),
+			kvOp("g5", 1, KVGet, "", "", 20, 21, answered("d")), // s2 ran late
+			kvOp("s4", 0, KVSet, "f", "", 22, 23, resendable),
+			kvOp("g6", 1, KVGet, "", "", 24, 25, unknown),
+			kvOp("g7", 1, KVGet, "", "", 26, 27, answered("d")),
+		}})
+	})
+	for _, c := range []struct {
+		name string
+		ops  []Op
+	}{
+		{"bad: a stale read after an accepted set", []Op{
+			kvOp("s1", 0, KVSet, "a", "", 0, 1, answered(KVOK)),
+			kvOp("s2", 0, KVSet, "b", "", 2, 3, answered(KVOK)),
+			kvOp("g1", 1, KVGet, "", "", 4, 5, answered("a")),
+		}},
+		{"bad: an accepted set that never took effect", []Op{
+			kvOp("s1", 0, KVSet, "a", "", 0, 1, answered(KVOK)),
+			kvOp("g1", 1, KVGet, "", "", 4, 5, answered("")),
+		}},
+		{"bad: a resendable set that took effect", []Op{
+			kvOp("s1", 0, KVSet, "a", "", 0, 1, resendable),
+			kvOp("g1", 1, KVGet, "", "", 4, 5, answered("a")),
+		}},
+		{"bad: a cas that succeeded on the wrong value", []Op{
+			kvOp("s1", 0, KVSet, "a", "", 0, 1, answered(KVOK)),
+			kvOp("c1", 1, KVCas, "c", "b", 2, 3, answered(KVOK)),
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			expect(t, check(dir), &History{Ops: c.ops}, "not linearizable; visualization: "+filepath.Join(dir, "kv-k_1.html"))
+			b, err := os.ReadFile(filepath.Join(dir, "kv-k_1.html"))
+			if err != nil || !strings.Contains(string(b), "<html") {
+				t.Fatalf("visualization: %v (%d bytes)", err, len(b))
+			}
+		})
+	}
+}

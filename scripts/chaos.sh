@@ -1,0 +1,32 @@
+#!/bin/sh
+# Runs the nemesis (integration.TestNemesis, issue 21) with a seed for a
+# duration: a 3-server NATS cluster and three test-node processes under a
+# fault schedule generated from SEED (node SIGKILL, SIGSTOP/SIGCONT past the
+# fencing delay, lame-duck restarts and SIGKILLs of NATS servers, link cuts),
+# a recorded workload of Deliver/Request lanes and kv registers, then every
+# history checker of internal/nemesis. The same seed replays the same
+# schedule. Exits non-zero when any check fails; the history (and the
+# Porcupine visualization of a non-linearizable kv address) is left in
+# OUTDIR, or in a temporary directory the failure names.
+#
+# Usage: scripts/chaos.sh SEED DURATION [OUTDIR]
+#   SEED      an unsigned integer (CI runs 2107 for 24s)
+#   DURATION  how long faults are injected, as a Go duration: 90s, 30m
+# Environment: NATSMESH_CHAOS_FAULTS (comma-separated fault kinds, default
+# all: node-kill,node-freeze,server-lame-duck,server-kill,link-cut),
+# NATSMESH_CHAOS_TIMEOUT (go test -timeout, default 4h).
+#
+# Run from the repository root.
+set -eu
+if [ $# -lt 2 ] || [ $# -gt 3 ]; then
+	echo "usage: $0 SEED DURATION [OUTDIR]" >&2
+	exit 2
+fi
+NATSMESH_CHAOS_SEED=$1
+NATSMESH_CHAOS_DURATION=$2
+export NATSMESH_CHAOS_SEED NATSMESH_CHAOS_DURATION
+if [ $# -eq 3 ]; then
+	NATSMESH_CHAOS_OUT=$3
+	export NATSMESH_CHAOS_OUT
+fi
+exec go test ./integration -run '^TestNemesis$' -count=1 -v -timeout "${NATSMESH_CHAOS_TIMEOUT:-4h}"
