@@ -319,7 +319,17 @@ func (a *activation) standDown(cause error) {
 	}
 	h.mu.Unlock()
 	h.log.Warn("activation stands down: its state cannot be persisted", "address", string(a.addr), "err", cause)
-	a.close(&verdict.Error{Reason: verdict.ReasonNotOwner, Message: fmt.Sprintf("activation %s on %s stood down before handling: %v", a.addr, h.nodeID, cause), Node: h.nodeID})
+	a.retire(cause.Error())
+}
+
+// retire ends an activation already removed from its host that is no
+// longer the address's owner: what it had queued fails late with a
+// resendable not-the-owner verdict (why says what happened), and its hub is
+// deactivated and its claim released once no turn runs — by the running
+// turn itself when it returns, if one runs. It never waits for a turn.
+func (a *activation) retire(why string) {
+	h := a.host
+	a.close(&verdict.Error{Reason: verdict.ReasonNotOwner, Message: fmt.Sprintf("activation %s on %s stood down before handling: %s", a.addr, h.nodeID, why), Node: h.nodeID})
 	a.mu.Lock()
 	idle := !a.running
 	a.mu.Unlock()

@@ -3,7 +3,6 @@ package hub
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -186,17 +185,7 @@ func (h *Host) StandDown(t ClaimToken) {
 	}
 	delete(h.activations, t.Addr)
 	h.mu.Unlock()
-	a.close(&verdict.Error{Reason: verdict.ReasonNotOwner, Message: fmt.Sprintf("activation %s on %s stood down before handling: its claim was lost", t.Addr, h.nodeID), Node: h.nodeID})
-	a.mu.Lock()
-	idle := !a.running
-	a.mu.Unlock()
-	if idle {
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			a.deactivate()
-		}()
-	}
+	a.retire("its claim was lost")
 }
 
 // janitor collects idle activations every quarter of the idle timeout.

@@ -11,14 +11,34 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
-func claimMany(t *testing.T, ctx context.Context, d *Directory, n int, self subjects.NodeID) []subjects.Address {
+// openOne starts a server, joins one member "a" and opens a directory on it
+// with cfg (Conn, Members and a quiet Logger filled in).
+func openOne(t *testing.T, cfg Config) (context.Context, *nats.Conn, *membership.Membership, *Directory) {
+	t.Helper()
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	a := joinEcho(t, ctx, nc, "a")
+	cfg.Conn, cfg.Members, cfg.Logger = nc, a, slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	return ctx, nc, a, d
+}
+
+func claimMany(t testing.TB, ctx context.Context, d *Directory, n int, self subjects.NodeID) []subjects.Address {
 	t.Helper()
 	addrs := make([]subjects.Address, n)
 	var wg sync.WaitGroup
@@ -103,17 +123,7 @@ func TestUpkeepWatchesChanges(t *testing.T) {
 // (soft state lost, as when every server of a memory-stored bucket
 // restarts) makes the next pass a full one, which re-creates every claim.
 func TestUpkeepStreamLost(t *testing.T) {
-	s := natstest.RunServer(t)
-	nc := natstest.Connect(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a := joinEcho(t, ctx, nc, "a")
-	d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: 50 * time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Close)
+	ctx, nc, a, d := openOne(t, Config{VerifyInterval: 50 * time.Millisecond})
 	addrs := claimMany(t, ctx, d, 500, a.Self().Node)
 	natstest.Eventually(t, 5*time.Second, func() bool { d.mu.Lock(); defer d.mu.Unlock(); return !d.streamCreated.IsZero() }, "the stream looked at")
 	js, err := jetstream.New(nc)
@@ -142,18 +152,8 @@ func TestUpkeepStreamLost(t *testing.T) {
 // node holds), and the rotation reaches every claim: one deleted with no
 // watch to see it is re-created within ceil(claims/VerifyBatch) intervals.
 func TestUpkeepSweepBounded(t *testing.T) {
-	s := natstest.RunServer(t)
-	nc := natstest.Connect(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a := joinEcho(t, ctx, nc, "a")
 	const claims, batch = 1200, 100
-	d, err := Open(ctx, Config{Conn: nc, Members: a, VerifyInterval: 20 * time.Millisecond, VerifyBatch: batch, noWatch: true, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Close)
+	ctx, _, a, d := openOne(t, Config{VerifyInterval: 20 * time.Millisecond, VerifyBatch: batch, noWatch: true})
 	addrs := claimMany(t, ctx, d, claims, a.Self().Node)
 	for _, i := range []int{0, claims / 2, claims - 1} {
 		if err := d.kv.Delete(ctx, key(addrs[i])); err != nil {

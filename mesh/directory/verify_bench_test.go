@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
-	"github.com/natsmesh/natsmesh/subjects"
 )
 
 // BenchmarkVerify: one verification pass over 10 000 claims, batched (one
@@ -32,18 +30,7 @@ func BenchmarkVerify(b *testing.B) {
 			}
 			defer d.Close()
 			const claims = 10000
-			var wg sync.WaitGroup
-			for w := range 32 {
-				wg.Go(func() {
-					for i := w; i < claims; i += 32 {
-						if _, err := d.Claim(ctx, subjects.Address(fmt.Sprintf("echo/b%d", i))); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
+			claimMany(b, ctx, d, claims, mb.Self().Node)
 			b.ResetTimer()
 			cpu := natstest.ProcessCPU()
 			for range b.N {
@@ -79,18 +66,7 @@ func BenchmarkUpkeep(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer d.Close()
-			var wg sync.WaitGroup
-			for w := range 32 {
-				wg.Go(func() {
-					for i := w; i < claims; i += 32 {
-						if _, err := d.Claim(ctx, subjects.Address(fmt.Sprintf("echo/b%d", i))); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
+			claimMany(b, ctx, d, claims, mb.Self().Node)
 			b.ResetTimer()
 			cpu := natstest.ProcessCPU()
 			for range b.N {
