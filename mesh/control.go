@@ -64,6 +64,9 @@ type NodeStatus struct {
 	// because their reply subject is one a node must never publish to
 	// (SECURITY.md).
 	IngressRefused int64 `json:"ingress_refused"`
+	// IngressNodeOnly counts ingress deliveries refused bad-request for a
+	// node-only type (the sync-stream protocol's) or an internal kind.
+	IngressNodeOnly int64 `json:"ingress_node_only"`
 	// With membership: the registry as this node sees it, departures of
 	// other generations it observed, times it was fenced and rejoined, and
 	// the addresses it holds claims on.
@@ -116,7 +119,7 @@ func (n *Node) Status() NodeStatus {
 		Node: n.ID().String(), Name: n.cfg.Name, Generation: n.ID().Generation,
 		Prefix: string(n.prefix), Version: Version, Build: buildinfo.Read().Short(), Started: n.started, Kinds: kinds,
 		Draining: n.draining.Load(), Host: hs, Client: n.Client.Stats(),
-		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(), IngressRefused: n.badReplies.Load(),
+		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(), IngressRefused: n.badReplies.Load(), IngressNodeOnly: n.refusedNodeOnly.Load(),
 		Membership: n.membershipStatus(),
 	}
 }

@@ -75,6 +75,11 @@ func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Strea
 		d.From = subjects.Address(h.Get(hub.HeaderFrom))
 		d.Idempotent = h.Get(hub.HeaderIdempotent) == "true"
 	}
+	if err := nodeOnly(d); err != nil {
+		n.refusedNodeOnly.Add(1)
+		n.answerIngress(m, d.ID, "", err, nil)
+		return
+	}
 	ctx := context.Background()
 	request := h != nil && h.Get(hub.HeaderExpectResponse) == "true"
 	var span trace.Span // nil: tracing off
@@ -149,4 +154,26 @@ func (n *Node) startIngress(m *nats.Msg, d *Delivery, request bool) (context.Con
 	attrs := meshtrace.Message(meshtrace.OpReceive, "ingress", string(d.To), d.ID, string(d.Stream))
 	attrs = append(attrs, meshtrace.KeyIngress.Bool(true), meshtrace.KeyNode.String(n.ID().String()))
 	return n.tracer.Start(ctx, "ingress "+op+" "+d.To.Kind(), trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+}
+
+// NodeOnlyTypes are the delivery types of the sync-stream protocol
+// (package mesh/syncstream, docs/protocol.md §8a): node to node only. The
+// ingress refuses them, so an outside caller can neither register
+// subscribers on another's stream nor feed frames to a subscriber (DESIGN
+// §10).
+var NodeOnlyTypes = []string{"natsmesh.subscribe", "natsmesh.unsubscribe", "natsmesh.frame", "natsmesh.frames"}
+
+// nodeOnly refuses, as a bad request, an ingress delivery of a node-only
+// type or to an internal kind (a kind beginning with "_", such as sync-
+// stream subscriber addresses): nothing is sent.
+func nodeOnly(d Delivery) error {
+	for _, t := range NodeOnlyTypes {
+		if d.Type == t {
+			return verdict.New(verdict.ReasonBadRequest, "delivery type %q is node to node only: the ingress refuses it", d.Type)
+		}
+	}
+	if k := d.To.Kind(); len(k) > 0 && k[0] == '_' {
+		return verdict.New(verdict.ReasonBadRequest, "kind %q is internal: the ingress refuses deliveries to it", k)
+	}
+	return nil
 }

@@ -136,17 +136,18 @@ type Node struct {
 	kinds   map[string]hub.Factory
 	running bool
 
-	ingressSub   *nats.Subscription
-	ingressSem   chan struct{}
-	ingressWG    sync.WaitGroup
-	ingressCount atomic.Int64
-	tracer       trace.Tracer // the ingress's; nil: tracing off
-	badReplies   atomic.Int64 // ingress and control requests refused for their reply subject
-	svcMu        sync.Mutex
-	svc          micro.Service // the current session's control service
-	svcStopped   bool
-	draining     atomic.Bool
-	ingressOnce  sync.Once
+	ingressSub      *nats.Subscription
+	ingressSem      chan struct{}
+	ingressWG       sync.WaitGroup
+	ingressCount    atomic.Int64
+	tracer          trace.Tracer // the ingress's; nil: tracing off
+	badReplies      atomic.Int64 // ingress and control requests refused for their reply subject
+	refusedNodeOnly atomic.Int64 // ingress deliveries refused: a node-only type or an internal kind
+	svcMu           sync.Mutex
+	svc             micro.Service // the current session's control service
+	svcStopped      bool
+	draining        atomic.Bool
+	ingressOnce     sync.Once
 
 	departures atomic.Int64 // departures of other generations observed
 	rejoins    atomic.Int64 // times this node was fenced and rejoined
