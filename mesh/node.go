@@ -134,7 +134,10 @@ type Node struct {
 
 	ingressSub   *nats.Subscription
 	ingressSem   chan struct{}
-	ingressWG    sync.WaitGroup
+	ingressMu    sync.Mutex     // orders enterIngress against stopIngress
+	ingressShut  bool           // stopIngress ran: no forward is registered any more (guarded by ingressMu)
+	ingressWG    sync.WaitGroup // the forwards registered by enterIngress
+	ingressHook  func()         // tests: runs in the ingress callback before a forward is registered
 	ingressCount atomic.Int64
 	tracer       trace.Tracer // the ingress's; nil: tracing off
 	badReplies   atomic.Int64 // ingress and control requests refused for their reply subject
@@ -499,12 +502,37 @@ func (n *Node) Close() error {
 	return nil
 }
 
+// stopIngress stops taking ingress messages. A message the subscription
+// handed over before (its callback may still be running: Unsubscribe does
+// not wait for it) is refused ShuttingDown from now on instead of being
+// forwarded, so ingressWG, waited on only after stopIngress, is never added
+// to from zero while it is waited on, and no forward begins once Drain or
+// Close returned.
 func (n *Node) stopIngress() {
+	n.ingressMu.Lock()
+	n.ingressShut = true
+	n.ingressMu.Unlock()
 	n.ingressOnce.Do(func() {
 		if n.ingressSub != nil {
 			_ = n.ingressSub.Unsubscribe()
 		}
 	})
+}
+
+// enterIngress registers one forward with ingressWG and reports true, or
+// reports false once the ingress stopped (stopIngress): the caller then
+// refuses the message. It never blocks for long.
+func (n *Node) enterIngress() bool {
+	if h := n.ingressHook; h != nil {
+		h()
+	}
+	n.ingressMu.Lock()
+	defer n.ingressMu.Unlock()
+	if n.ingressShut {
+		return false
+	}
+	n.ingressWG.Add(1)
+	return true
 }
 
 func (n *Node) stopServing() {
