@@ -2,9 +2,11 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,6 +126,12 @@ type Node struct {
 	log     *slog.Logger
 	started time.Time
 	opts    []Option
+
+	// kindsMu serializes putting the registered kinds on a session
+	// (applyKinds): Register's and a new session's, so that a kind
+	// registered while a rejoin installs the next session reaches it, and
+	// announcements never overtake one another with an older list.
+	kindsMu sync.Mutex
 
 	mu      sync.RWMutex
 	inc     *session       // the current session: everything stamped with the generation
@@ -301,8 +309,14 @@ func (n *Node) Directory() *directory.Directory {
 	return nil
 }
 
-// Register installs the hub factory for an address kind; it survives a
-// rejoin. Errors match hub.ErrKindRegistered.
+// Register installs the hub factory for an address kind on the current
+// session and every later one (a rejoin's included, even one installed
+// while Register runs), and announces the kind in the registry so placement
+// can use this node for it. It blocks on the registry write (at most 5 s).
+// Errors match hub.ErrKindRegistered, or report that the announcement
+// failed while the session's registration is still valid: the kind stays
+// registered, and the next Register or session announces it again. Safe
+// for concurrent use.
 func (n *Node) Register(kind string, f hub.Factory) error {
 	n.mu.Lock()
 	if _, ok := n.kinds[kind]; ok {
@@ -310,34 +324,78 @@ func (n *Node) Register(kind string, f hub.Factory) error {
 		return fmt.Errorf("%w: %q", hub.ErrKindRegistered, kind)
 	}
 	n.kinds[kind] = f
-	inc := n.inc
 	n.mu.Unlock()
-	if inc == nil {
-		return nil
+	inc, err := n.applyKinds()
+	if err != nil && inc != nil && inc.members != nil && (errors.Is(err, membership.ErrLost) || inc.members.IsLost() || n.current() != inc) {
+		// That session's registration is gone: the next session
+		// registers and announces every kind (installKinds).
+		err = nil
 	}
-	if err := inc.host.Register(kind, f); err != nil {
-		return err
-	}
-	if inc.members != nil && !strings.HasPrefix(kind, "_") {
-		// Announce it so placement can use this node for the kind.
-		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
-		defer cancel()
-		if err := inc.members.SetKinds(ctx, n.kindNames()); err != nil {
-			return fmt.Errorf("mesh: announce kind %q: %w", kind, err)
-		}
+	if err != nil {
+		return fmt.Errorf("mesh: announce kind %q: %w", kind, err)
 	}
 	return nil
 }
 
+// applyKinds puts every registered kind on the current session: on its
+// host, and into its registry entry if that lists fewer. It returns the
+// session it worked on (nil before Start with membership) and the
+// announcement's error. Serialized by kindsMu.
+func (n *Node) applyKinds() (*session, error) {
+	n.kindsMu.Lock()
+	defer n.kindsMu.Unlock()
+	n.mu.RLock()
+	inc := n.inc
+	kinds := maps.Clone(n.kinds)
+	n.mu.RUnlock()
+	if inc == nil {
+		return nil, nil // Start registers them all
+	}
+	for k, f := range kinds {
+		_ = inc.host.Register(k, f) // ErrKindRegistered: it has it
+	}
+	if inc.members == nil {
+		return inc, nil
+	}
+	names := placedKinds(kinds)
+	if slices.Equal(names, inc.announced) {
+		return inc, nil
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
+	defer cancel()
+	if err := inc.members.SetKinds(ctx, names); err != nil {
+		return inc, err
+	}
+	inc.announced = names
+	return inc, nil
+}
+
+// installKinds puts every registered kind on a session just installed
+// (Start, a rejoin): a Register that ran while the session joined may have
+// reached only the one before.
+func (n *Node) installKinds() {
+	if _, err := n.applyKinds(); err != nil {
+		n.log.Warn("could not announce the registered kinds", "generation", n.ID().String(), "err", err)
+	}
+}
+
+// kindNames returns the registered kinds placement may use, sorted.
 func (n *Node) kindNames() []string {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	out := make([]string, 0, len(n.kinds))
-	for k := range n.kinds {
-		if !strings.HasPrefix(k, "_") { // internal kinds are never placed
+	return placedKinds(n.kinds)
+}
+
+// placedKinds returns the kinds of kinds that placement may use (internal
+// kinds, "_…", are never placed), sorted.
+func placedKinds(kinds map[string]hub.Factory) []string {
+	out := make([]string, 0, len(kinds))
+	for k := range kinds {
+		if !strings.HasPrefix(k, "_") {
 			out = append(out, k)
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 
@@ -388,6 +446,7 @@ func (n *Node) Start() error {
 		n.mu.Lock()
 		n.inc = inc
 		n.mu.Unlock()
+		n.installKinds()
 		n.wg.Add(1)
 		go n.fencing()
 	} else if err := n.current().host.Start(); err != nil {
