@@ -41,13 +41,23 @@ type Subscription struct {
 	self    subjects.Address
 	handler Handler
 
-	mu        sync.Mutex
-	epoch     uint64
-	version   uint64
-	attempt   string // the latest subscribe attempt
-	adopted   bool   // its snapshot was applied (a repeat of it is stale)
-	ownerNode subjects.NodeID
-	err       error
+	mu      sync.Mutex
+	epoch   uint64
+	version uint64
+	started bool   // a snapshot was applied: (epoch, version) is the mirror's
+	attempt string // the latest subscribe attempt
+	adopted bool   // a snapshot of it was applied (a repeat of it is stale)
+	// confirmed is the epoch the latest answered subscribe's response
+	// named: the activation the mesh routed it to, followed even if its
+	// epoch is below the mirror's (a clock behind). dropped is a snapshot
+	// of the latest attempt the guard turned away: if the response names
+	// its epoch, the subscriber subscribes again (subscribeOnce).
+	confirmed      uint64
+	droppedAttempt string
+	droppedEpoch   uint64
+	again          bool // subscribe again: the responder's snapshot was dropped before its response named it
+	ownerNode      subjects.NodeID
+	err            error
 
 	applied, stale, resubscribes atomic.Int64
 	trigger                      chan struct{} // resubscribe now
@@ -222,14 +232,30 @@ func (s *Subscription) apply(f *Frame) {
 	s.mu.Lock()
 	apply := false
 	switch {
-	case f.Snapshot && f.Attempt == s.attempt && !s.adopted:
-		apply = true // the answer to our latest subscribe: adopt its epoch
-		s.adopted = true
+	case f.Snapshot && f.Attempt == s.attempt:
+		// An answer to our latest subscribe. It passes the guard like
+		// any frame; or it is the activation the attempt's response
+		// named (a later activation whose epoch is below the mirror's:
+		// its node's clock is behind). Another snapshot of the attempt
+		// (an Idempotent re-send of the subscribe reached an older
+		// activation too) never moves the mirror back, and never
+		// wedges it: the responder's is applied after it.
+		switch {
+		case !s.started, f.newer(s.epoch, s.version):
+			apply = true
+		case f.Epoch == s.epoch && f.Version == s.version && !s.adopted:
+			apply = true // the mirror's own state again (subscribed again to the same activation): handed over once
+		case s.confirmed != 0 && f.Epoch == s.confirmed && f.Epoch != s.epoch:
+			apply = true
+		default:
+			s.droppedAttempt, s.droppedEpoch = f.Attempt, f.Epoch
+		}
+		s.adopted = s.adopted || apply
 	case f.Epoch == s.epoch && f.newer(s.epoch, s.version):
 		apply = true
 	}
 	if apply {
-		s.epoch, s.version = f.Epoch, f.Version
+		s.epoch, s.version, s.started = f.Epoch, f.Version, true
 	}
 	s.mu.Unlock()
 	if !apply {
@@ -356,7 +382,7 @@ func (s *Subscription) await() bool {
 func (s *Subscription) subscribeOnce() error {
 	attempt := nuid.Next()
 	s.mu.Lock()
-	s.attempt, s.adopted = attempt, false
+	s.attempt, s.adopted, s.again = attempt, false, false
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout)
 	defer cancel()
@@ -375,9 +401,23 @@ func (s *Subscription) subscribeOnce() error {
 	if err != nil {
 		return err
 	}
+	var rep subscribeReply
+	named := json.Unmarshal(resp.Payload, &rep) == nil && rep.Epoch != 0
 	s.mu.Lock()
 	s.ownerNode = resp.Node
+	again := false
+	if named && s.attempt == attempt {
+		s.confirmed = rep.Epoch
+		// The responder's snapshot came first and the guard dropped it
+		// (its epoch is below the mirror's): subscribe again, now that
+		// its epoch is known.
+		again = s.droppedAttempt == attempt && s.droppedEpoch == rep.Epoch && s.epoch != rep.Epoch
+		s.again = again
+	}
 	s.mu.Unlock()
+	if again {
+		s.poke()
+	}
 	return nil
 }
 
