@@ -56,8 +56,15 @@ type Subscription struct {
 	droppedAttempt string
 	droppedEpoch   uint64
 	again          bool // subscribe again: the responder's snapshot was dropped before its response named it
-	ownerNode      subjects.NodeID
-	err            error
+	// What a poke was about (DESIGN §7: resubscribe once per owner
+	// change): a closed frame of closedEpoch, the departure of departed.
+	// Both are cleared when an attempt starts, which answers them; a
+	// wake-up finds recovery due only if one still names what the
+	// subscription follows (recoveryDue).
+	closedEpoch uint64
+	departed    subjects.NodeID
+	ownerNode   subjects.NodeID
+	err         error
 
 	applied, stale, resubscribes atomic.Int64
 	trigger                      chan struct{} // resubscribe now
@@ -141,6 +148,9 @@ func (s *Subscription) arm(ctx context.Context) error {
 		unwatch = m.OnEvent(func(e membership.Event) {
 			s.mu.Lock()
 			mine := e.Type.Departed() && e.Member.Node == s.ownerNode
+			if mine {
+				s.departed = e.Member.Node
+			}
 			s.mu.Unlock()
 			if mine {
 				s.poke()
@@ -223,6 +233,9 @@ func (s *Subscription) apply(f *Frame) {
 	if f.Closed {
 		s.mu.Lock()
 		current := f.Epoch == s.epoch
+		if current {
+			s.closedEpoch = f.Epoch
+		}
 		s.mu.Unlock()
 		if current {
 			s.poke() // the owner activation we follow is going away
@@ -276,6 +289,8 @@ func (s *Subscription) Pinned() bool {
 	}
 }
 
+// poke wakes the run loop; what the wake-up is about is recorded first
+// (recoveryDue).
 func (s *Subscription) poke() {
 	select {
 	case s.trigger <- struct{}{}:
@@ -362,7 +377,12 @@ func (s *Subscription) await() bool {
 		case <-s.stop:
 			return false
 		case <-s.trigger:
-			return true
+			if s.recoveryDue() {
+				return true
+			}
+			// A notice about what an attempt since already replaced
+			// (the old owner's departure, told while the attempts to
+			// its successor were failing): nothing to recover.
 		case <-s.node.Closed():
 			return true // the next attempt fails terminally (the client is closed)
 		case <-t.C:
@@ -379,10 +399,20 @@ func (s *Subscription) await() bool {
 	}
 }
 
+// recoveryDue reports whether a poke still names what the subscription
+// follows: the epoch it applies was closed, the owner node that answered
+// its last subscribe departed, or the responder's snapshot was dropped.
+func (s *Subscription) recoveryDue() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.again || s.closedEpoch != 0 && s.closedEpoch == s.epoch || !s.departed.IsZero() && s.departed == s.ownerNode
+}
+
 func (s *Subscription) subscribeOnce() error {
 	attempt := nuid.Next()
 	s.mu.Lock()
 	s.attempt, s.adopted, s.again = attempt, false, false
+	s.closedEpoch, s.departed = 0, subjects.NodeID{} // this attempt answers them
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout)
 	defer cancel()
