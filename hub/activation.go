@@ -47,6 +47,7 @@ type activation struct {
 	building   bool       // the build goroutine has not returned: deactivate waits for it
 	done       bool       // deactivate ran
 	claim      ClaimToken // the claim this activation holds (zero without Claims)
+	failure    error      // why the build failed (stateFailed): the activation-failed verdict
 
 	stateHandle *State // durable state, once LoadState took it over (state.go)
 
@@ -276,7 +277,8 @@ func (a *activation) build(f Factory) {
 		return
 	}
 	if err != nil {
-		a.state = stateFailed
+		ferr := &verdict.Error{Reason: verdict.ReasonActivationFailed, Message: fmt.Sprintf("build of %s failed: %v", a.addr, err), Node: h.nodeID}
+		a.state, a.failure = stateFailed, ferr
 		parked := a.takeQueueLocked()
 		a.mu.Unlock()
 		h.mu.Lock()
@@ -285,7 +287,6 @@ func (a *activation) build(f Factory) {
 		}
 		h.mu.Unlock()
 		h.log.Warn("hub build failed", "address", string(a.addr), "parked", len(parked), "err", err)
-		ferr := &verdict.Error{Reason: verdict.ReasonActivationFailed, Message: fmt.Sprintf("build of %s failed: %v", a.addr, err), Node: h.nodeID}
 		for _, e := range parked {
 			h.fail(e, ferr)
 		}

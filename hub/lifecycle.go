@@ -58,7 +58,12 @@ func (h *Host) activate(addr subjects.Address) (*activation, error) {
 		if op.refusal != nil {
 			return nil, op.refusal
 		}
-		// Claimed and activated: look it up (it may be gone again).
+		if op.act != nil {
+			// Claimed and activated: that activation, even if its
+			// build failed already (a lookup would claim and build
+			// again, at once, for as long as builds fail fast).
+			return op.act, nil
+		}
 	}
 }
 
@@ -88,9 +93,14 @@ func (h *Host) newActivationLocked(addr subjects.Address, f Factory, tok ClaimTo
 
 // Activate activates addr on this node explicitly (DESIGN §5, local
 // activation) and pins it until release is called: it is never
-// idle-collected meanwhile. It does not wait for the hub's build. Errors are
-// verdict errors (unknown kind, not the owner, shutting down). release is
-// safe to call more than once.
+// idle-collected meanwhile. It does not wait for the hub's build, and never
+// builds twice: if the build it started failed before it took its hold, it
+// returns that failure (verdict.ErrActivationFailed, not resendable);
+// one that fails later leaves the release of an activation that is gone.
+// It blocks on the address's claim (with Claims), bounded by ctx. Errors
+// are verdict errors (unknown kind, not the owner, shutting down,
+// activation failed) or ctx's. release is safe to call more than once.
+// Safe for concurrent use.
 func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release func(), err error) {
 	if err := addr.Validate(); err != nil {
 		return nil, &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: err.Error()}
@@ -104,9 +114,14 @@ func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release fun
 			return nil, err
 		}
 		a.mu.Lock()
-		if a.state == stateClosed || a.state == stateFailed {
+		switch a.state {
+		case stateFailed:
+			err := a.failure
 			a.mu.Unlock()
-			continue
+			return nil, err
+		case stateClosed:
+			a.mu.Unlock()
+			continue // collected or stood down meanwhile: activate it anew
 		}
 		a.holds++
 		a.mu.Unlock()

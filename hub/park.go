@@ -32,6 +32,7 @@ type claimOp struct {
 	parked  []parkedDelivery
 	done    chan struct{}
 	refusal error
+	act     *activation // the activation built on the claim (refusal nil), even if it is gone again
 }
 
 func newClaimOp(addr subjects.Address, f Factory) *claimOp {
@@ -126,7 +127,7 @@ func (h *Host) runClaim(op *claimOp) {
 		a, refusal = h.newActivationLocked(addr, op.factory, g.Token)
 		release = refusal != nil // claimed, then found the host draining
 	}
-	op.refusal = refusal
+	op.refusal, op.act = refusal, a
 	out := make([]outcome, 0, len(parked))
 	for _, p := range parked {
 		o := outcome{p: p}

@@ -82,7 +82,7 @@ func (c *Client) learned(node subjects.NodeID, reply *nats.Msg) {
 // knownGone reports whether this client knows generation node departed.
 func (c *Client) knownGone(node subjects.NodeID) bool {
 	c.fl.mu.Lock()
-	_, gone := c.fl.gone[node]
+	_, gone := c.fl.goneLocked(node)
 	c.fl.mu.Unlock()
 	return gone || (c.opts.gone != nil && c.opts.gone(node))
 }

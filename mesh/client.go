@@ -747,6 +747,8 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	if err == nil {
 		published = true
 		reply, err = c.awaitReply(ctx, f, w, wake)
+	} else if err != errRewound {
+		err = publishFailed(err)
 	}
 	c.replies.forget(w)
 	c.observeInFlight(c.inFlight.Add(-1))
@@ -798,6 +800,25 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 		return false, payloadTooLarge(len(d.Payload), c.cfg.Conn.MaxPayload())
 	}
 	return published, err // a timeout (the callee may hold it), the caller's cancellation, no responders
+}
+
+// publishFailed is the verdict of a leg whose publish returned err: nothing
+// of it was sent (a publish that fails leaves nothing the server can
+// deliver). A fault of the message itself (too large, a bad subject) stays
+// terminal; anything else is this sender's own link failing — nats.go
+// returns a socket's raw error ("write: broken pipe") from a publish that
+// flushes — and is resendable after the reconnect, the same delivery ID,
+// as nats.ErrDisconnected (DESIGN §3). It is never a timeout: the callee
+// holds nothing.
+func publishFailed(err error) error {
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject), errors.Is(err, nats.ErrInvalidMsg),
+		errors.Is(err, nats.ErrHeadersNotSupported), errors.Is(err, nats.ErrInvalidConnection):
+		return err
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionDraining):
+		return fmt.Errorf("publishing the leg (nothing was sent): %w", err) // resendable already (verdict)
+	}
+	return fmt.Errorf("own NATS link failed publishing the leg, nothing was sent: %w: %w", nats.ErrDisconnected, err)
 }
 
 // awaitReply waits for the reply to a published leg: the reply (NATS no

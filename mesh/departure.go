@@ -129,17 +129,68 @@ type answer struct {
 	node    string
 }
 
-// flights indexes the client's flights by owner generation, and remembers
-// which generations departed. Safe for concurrent use.
+// flights indexes the client's flights by owner generation, and — for a
+// client without a cluster view — remembers which generations departed.
+// Safe for concurrent use.
 type flights struct {
-	mu     sync.Mutex
-	byNode map[subjects.NodeID]map[*flight]struct{}
-	gone   map[subjects.NodeID]string // departed generations and how
-	spare  map[*flight]struct{}       // an emptied set, reused by the next generation indexed (no map per delivery)
+	mu      sync.Mutex
+	byNode  map[subjects.NodeID]map[*flight]struct{}
+	gone    map[string]goneMark  // by node name: its newest departed generation (bounded: maxGoneMarks)
+	goneSeq uint64               // counts marks written, to evict the oldest
+	spare   map[*flight]struct{} // an emptied set, reused by the next generation indexed (no map per delivery)
 }
 
+// goneMark is the newest departed generation of a node name. A generation
+// registers only once the older ones of its name are gone (superseded or
+// departed), so every generation up to gen is gone.
+type goneMark struct {
+	gen uint64
+	how string
+	seq uint64 // when it was written (goneSeq)
+}
+
+// maxGoneMarks bounds the node names whose departure a client without a
+// cluster view remembers. Forgetting one is safe: a delivery to that
+// generation then meets no responders, resendable like the departed
+// verdict, only a round trip later.
+const maxGoneMarks = 4096
+
 func newFlights() flights {
-	return flights{byNode: map[subjects.NodeID]map[*flight]struct{}{}, gone: map[subjects.NodeID]string{}}
+	return flights{byNode: map[subjects.NodeID]map[*flight]struct{}{}, gone: map[string]goneMark{}}
+}
+
+// goneLocked reports whether node is marked departed, and how. Called with
+// fl.mu held.
+func (fl *flights) goneLocked(node subjects.NodeID) (string, bool) {
+	m, ok := fl.gone[node.Name]
+	switch {
+	case !ok || node.Generation > m.gen:
+		return "", false
+	case node.Generation < m.gen:
+		return fmt.Sprintf("generation %d of its name departed (%s)", m.gen, m.how), true
+	}
+	return m.how, true
+}
+
+// markGoneLocked marks node departed (how) unless a newer generation of
+// its name is marked, and returns how node's departure reads. Past
+// maxGoneMarks names it forgets the oldest eighth. Called with fl.mu held.
+func (fl *flights) markGoneLocked(node subjects.NodeID, how string) string {
+	if m, ok := fl.gone[node.Name]; ok && m.gen >= node.Generation {
+		how, _ = fl.goneLocked(node)
+		return how
+	}
+	if _, ok := fl.gone[node.Name]; !ok && len(fl.gone) >= maxGoneMarks {
+		floor := fl.goneSeq - maxGoneMarks + maxGoneMarks/8 // marks written before it are the oldest eighth
+		for name, m := range fl.gone {
+			if m.seq <= floor {
+				delete(fl.gone, name)
+			}
+		}
+	}
+	fl.goneSeq++
+	fl.gone[node.Name] = goneMark{gen: node.Generation, how: how, seq: fl.goneSeq}
+	return how
 }
 
 // address starts a wait of f in phase p addressed to node: it indexes f
@@ -158,7 +209,7 @@ func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone boo
 		c.fl.byNode[node] = set
 	}
 	set[f] = struct{}{}
-	how, gone := c.fl.gone[node]
+	how, gone := c.fl.goneLocked(node)
 	if !gone && checkGone && c.opts.gone != nil && c.opts.gone(node) {
 		how, gone = "(known gone)", true
 	}
@@ -266,10 +317,7 @@ func departedError(node subjects.NodeID, how string) error {
 func (c *Client) FailNode(node subjects.NodeID, how string) {
 	c.fl.mu.Lock()
 	if c.opts.gone == nil { // without a cluster view, remember it here
-		if _, ok := c.fl.gone[node]; !ok {
-			c.fl.gone[node] = how
-		}
-		how = c.fl.gone[node]
+		how = c.fl.markGoneLocked(node, how)
 	}
 	hit := c.flightsOfLocked(node)
 	c.fl.mu.Unlock()

@@ -51,7 +51,11 @@ func (n *Node) ingress(m *nats.Msg) {
 		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full", n.ID()), nil)
 		return
 	}
-	n.ingressWG.Add(1)
+	if !n.enterIngress() {
+		<-n.ingressSem
+		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonHubShuttingDown, "node %s is stopping: its ingress is closed", n.cfg.Name), nil)
+		return
+	}
 	go func() {
 		defer n.ingressWG.Done()
 		defer func() { <-n.ingressSem }()

@@ -2,9 +2,11 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,6 +131,12 @@ type Node struct {
 	started time.Time
 	opts    []Option
 
+	// kindsMu serializes putting the registered kinds on a session
+	// (applyKinds): Register's and a new session's, so that a kind
+	// registered while a rejoin installs the next session reaches it, and
+	// announcements never overtake one another with an older list.
+	kindsMu sync.Mutex
+
 	mu      sync.RWMutex
 	inc     *session       // the current session: everything stamped with the generation
 	ended   hub.Stats      // the counters of the sessions that ended (addStats), so the node's never go back
@@ -138,7 +146,10 @@ type Node struct {
 
 	ingressSub      *nats.Subscription
 	ingressSem      chan struct{}
-	ingressWG       sync.WaitGroup
+	ingressMu       sync.Mutex     // orders enterIngress against stopIngress
+	ingressShut     bool           // stopIngress ran: no forward is registered any more (guarded by ingressMu)
+	ingressWG       sync.WaitGroup // the forwards registered by enterIngress
+	ingressHook     func()         // tests: runs in the ingress callback before a forward is registered
 	ingressCount    atomic.Int64
 	tracer          trace.Tracer // the ingress's; nil: tracing off
 	badReplies      atomic.Int64 // ingress and control requests refused for their reply subject
@@ -303,8 +314,14 @@ func (n *Node) Directory() *directory.Directory {
 	return nil
 }
 
-// Register installs the hub factory for an address kind; it survives a
-// rejoin. Errors match hub.ErrKindRegistered.
+// Register installs the hub factory for an address kind on the current
+// session and every later one (a rejoin's included, even one installed
+// while Register runs), and announces the kind in the registry so placement
+// can use this node for it. It blocks on the registry write (at most 5 s).
+// Errors match hub.ErrKindRegistered, or report that the announcement
+// failed while the session's registration is still valid: the kind stays
+// registered, and the next Register or session announces it again. Safe
+// for concurrent use.
 func (n *Node) Register(kind string, f hub.Factory) error {
 	n.mu.Lock()
 	if _, ok := n.kinds[kind]; ok {
@@ -312,34 +329,78 @@ func (n *Node) Register(kind string, f hub.Factory) error {
 		return fmt.Errorf("%w: %q", hub.ErrKindRegistered, kind)
 	}
 	n.kinds[kind] = f
-	inc := n.inc
 	n.mu.Unlock()
-	if inc == nil {
-		return nil
+	inc, err := n.applyKinds()
+	if err != nil && inc != nil && inc.members != nil && (errors.Is(err, membership.ErrLost) || inc.members.IsLost() || n.current() != inc) {
+		// That session's registration is gone: the next session
+		// registers and announces every kind (installKinds).
+		err = nil
 	}
-	if err := inc.host.Register(kind, f); err != nil {
-		return err
-	}
-	if inc.members != nil && !strings.HasPrefix(kind, "_") {
-		// Announce it so placement can use this node for the kind.
-		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
-		defer cancel()
-		if err := inc.members.SetKinds(ctx, n.kindNames()); err != nil {
-			return fmt.Errorf("mesh: announce kind %q: %w", kind, err)
-		}
+	if err != nil {
+		return fmt.Errorf("mesh: announce kind %q: %w", kind, err)
 	}
 	return nil
 }
 
+// applyKinds puts every registered kind on the current session: on its
+// host, and into its registry entry if that lists fewer. It returns the
+// session it worked on (nil before Start with membership) and the
+// announcement's error. Serialized by kindsMu.
+func (n *Node) applyKinds() (*session, error) {
+	n.kindsMu.Lock()
+	defer n.kindsMu.Unlock()
+	n.mu.RLock()
+	inc := n.inc
+	kinds := maps.Clone(n.kinds)
+	n.mu.RUnlock()
+	if inc == nil {
+		return nil, nil // Start registers them all
+	}
+	for k, f := range kinds {
+		_ = inc.host.Register(k, f) // ErrKindRegistered: it has it
+	}
+	if inc.members == nil {
+		return inc, nil
+	}
+	names := placedKinds(kinds)
+	if slices.Equal(names, inc.announced) {
+		return inc, nil
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
+	defer cancel()
+	if err := inc.members.SetKinds(ctx, names); err != nil {
+		return inc, err
+	}
+	inc.announced = names
+	return inc, nil
+}
+
+// installKinds puts every registered kind on a session just installed
+// (Start, a rejoin): a Register that ran while the session joined may have
+// reached only the one before.
+func (n *Node) installKinds() {
+	if _, err := n.applyKinds(); err != nil {
+		n.log.Warn("could not announce the registered kinds", "generation", n.ID().String(), "err", err)
+	}
+}
+
+// kindNames returns the registered kinds placement may use, sorted.
 func (n *Node) kindNames() []string {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	out := make([]string, 0, len(n.kinds))
-	for k := range n.kinds {
-		if !strings.HasPrefix(k, "_") { // internal kinds are never placed
+	return placedKinds(n.kinds)
+}
+
+// placedKinds returns the kinds of kinds that placement may use (internal
+// kinds, "_…", are never placed), sorted.
+func placedKinds(kinds map[string]hub.Factory) []string {
+	out := make([]string, 0, len(kinds))
+	for k := range kinds {
+		if !strings.HasPrefix(k, "_") {
 			out = append(out, k)
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 
@@ -390,6 +451,7 @@ func (n *Node) Start() error {
 		n.mu.Lock()
 		n.inc = inc
 		n.mu.Unlock()
+		n.installKinds()
 		n.wg.Add(1)
 		go n.fencing()
 	} else if err := n.current().host.Start(); err != nil {
@@ -504,12 +566,37 @@ func (n *Node) Close() error {
 	return nil
 }
 
+// stopIngress stops taking ingress messages. A message the subscription
+// handed over before (its callback may still be running: Unsubscribe does
+// not wait for it) is refused ShuttingDown from now on instead of being
+// forwarded, so ingressWG, waited on only after stopIngress, is never added
+// to from zero while it is waited on, and no forward begins once Drain or
+// Close returned.
 func (n *Node) stopIngress() {
+	n.ingressMu.Lock()
+	n.ingressShut = true
+	n.ingressMu.Unlock()
 	n.ingressOnce.Do(func() {
 		if n.ingressSub != nil {
 			_ = n.ingressSub.Unsubscribe()
 		}
 	})
+}
+
+// enterIngress registers one forward with ingressWG and reports true, or
+// reports false once the ingress stopped (stopIngress): the caller then
+// refuses the message. It never blocks for long.
+func (n *Node) enterIngress() bool {
+	if h := n.ingressHook; h != nil {
+		h()
+	}
+	n.ingressMu.Lock()
+	defer n.ingressMu.Unlock()
+	if n.ingressShut {
+		return false
+	}
+	n.ingressWG.Add(1)
+	return true
 }
 
 func (n *Node) stopServing() {

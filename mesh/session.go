@@ -35,6 +35,10 @@ type session struct {
 	members *membership.Membership
 	dir     *directory.Directory
 	stopEv  func()
+	// announced is the kind list the registry entry carries (what join
+	// registered, then each SetKinds of Node.applyKinds); guarded by the
+	// node's kindsMu.
+	announced []string
 }
 
 // close ends the session: its host (the queue fails late ShuttingDown),
@@ -98,8 +102,9 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 			}
 		}
 	}
+	inc.announced = n.kindNames()
 	m, err := membership.Join(ctx, membership.Config{
-		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: n.kindNames(), Version: Version,
+		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: inc.announced, Version: Version,
 		Heartbeat: mc.Heartbeat, TTL: mc.TTL, FencingDelay: mc.FencingDelay, Replicas: mc.Replicas,
 		AdvisorySubject: mc.AdvisorySubject, Replace: mc.Replace || rejoin, // a rejoin replaces its own fenced generation
 		Subscriber: mc.Subscriber,
@@ -262,6 +267,7 @@ func (n *Node) fencing() {
 				addStats(&n.ended, inc.host.Stats()) // with the swap: Status counts it once
 				n.inc = next
 				n.mu.Unlock()
+				n.installKinds()
 				n.rejoins.Add(1)
 				n.restartControl() // its metadata names the new generation
 				break

@@ -133,7 +133,7 @@ func TestAnswerFromAbandonedLeg(t *testing.T) {
 		x.mu.Unlock()
 		// x comes back as a live generation for the next round.
 		c.fl.mu.Lock()
-		delete(c.fl.gone, x.id)
+		delete(c.fl.gone, x.id.Name)
 		c.fl.mu.Unlock()
 	}
 }

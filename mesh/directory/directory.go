@@ -66,6 +66,10 @@ const errCodeMessageTTLDisabled jetstream.ErrorCode = 10166
 // enough that a burst of cold addresses leaves no lasting state.
 const DefaultMarkerTTL = time.Minute
 
+// DefaultCacheSize is how many owners a node caches by default (about
+// 100 bytes each).
+const DefaultCacheSize = 1 << 16
+
 // ErrInvalidConfig: a required Config field is missing or invalid.
 var ErrInvalidConfig = errors.New("directory: invalid config")
 
@@ -92,6 +96,11 @@ type Config struct {
 	// bucket is kept (KV limit marker TTL, nats-server 2.11+); zero means
 	// DefaultMarkerTTL. Only a bucket this node creates gets it.
 	MarkerTTL time.Duration
+	// CacheSize bounds the owners this node caches for senders (Resolve,
+	// Claim, Redirect); zero means DefaultCacheSize. Past it, entries of
+	// generations no longer alive go first, then arbitrary ones (a miss
+	// costs one directory read).
+	CacheSize int
 	// OnLost is called (on the verifier goroutine) with the token of a
 	// claim this node lost: it must stand down the activation holding
 	// that token (hub.Host.StandDown), and must not block on its turns.
@@ -118,7 +127,14 @@ type Directory struct {
 	members *membership.Membership
 	log     *slog.Logger
 
-	cache sync.Map // subjects.Address -> subjects.NodeID
+	// cache maps addresses to their owners for senders, bounded (cacheSet,
+	// cacheDrop keep cacheLen, its entry count); the entries of a departed
+	// generation are dropped by the verifier goroutine (pruneDead).
+	cache     sync.Map // subjects.Address -> subjects.NodeID
+	cacheLen  atomic.Int64
+	evicting  atomic.Bool   // an eviction pass runs (cacheSet)
+	departure chan struct{} // a generation departed: prune its entries
+	stopEv    func()
 
 	mu      sync.Mutex
 	owned   map[subjects.Address]held     // address -> the claim this node holds on it
@@ -188,6 +204,9 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 	if cfg.VerifyBatch <= 0 {
 		cfg.VerifyBatch = DefaultVerifyBatch
 	}
+	if cfg.CacheSize <= 0 {
+		cfg.CacheSize = DefaultCacheSize
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -216,7 +235,16 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 	}
 	dctx, cancel := context.WithCancel(context.Background())
 	d := &Directory{cfg: cfg, kv: kv, members: cfg.Members, log: cfg.Logger, owned: map[subjects.Address]held{}, unknown: map[subjects.NodeID]time.Time{}, ctx: dctx, cancel: cancel,
-		bucketSubj: "$KV." + BucketName(cfg.Prefix) + ".", directGet: "$JS.API.DIRECT.GET.KV_" + BucketName(cfg.Prefix)}
+		bucketSubj: "$KV." + BucketName(cfg.Prefix) + ".", directGet: "$JS.API.DIRECT.GET.KV_" + BucketName(cfg.Prefix),
+		departure: make(chan struct{}, 1)}
+	d.stopEv = cfg.Members.OnEvent(func(e membership.Event) {
+		if e.Type.Departed() {
+			select {
+			case d.departure <- struct{}{}:
+			default:
+			}
+		}
+	})
 	d.wg.Add(1)
 	go d.verifier()
 	return d, nil
@@ -313,7 +341,7 @@ func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (hub.Grant
 			}
 			continue // released or re-written meanwhile: read again
 		case d.members.Alive(c.Owner):
-			d.cache.Store(addr, c.Owner)
+			d.cacheSet(addr, c.Owner)
 			return hub.Grant{Owner: c.Owner}, nil
 		}
 		// Not alive: take over once it had time to fence itself (the
@@ -380,7 +408,7 @@ func (d *Directory) own(addr subjects.Address, rev uint64) hub.Grant {
 	d.newest = max(d.newest, rev)
 	d.mu.Unlock()
 	self := d.self()
-	d.cache.Store(addr, self)
+	d.cacheSet(addr, self)
 	return hub.Grant{Owner: self, Token: hub.ClaimToken{Addr: addr, ID: id, Rev: rev}}
 }
 
@@ -405,7 +433,7 @@ func (d *Directory) Release(t hub.ClaimToken) {
 	}
 	delete(d.owned, t.Addr)
 	d.mu.Unlock()
-	d.cache.CompareAndDelete(t.Addr, d.self())
+	d.cacheDrop(t.Addr, d.self())
 	ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
 	defer cancel()
 	if err := d.remove(ctx, t.Addr, h.rev); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && d.ctx.Err() == nil {
@@ -451,7 +479,7 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 		if d.members.Alive(n) {
 			return n, nil
 		}
-		d.cache.CompareAndDelete(addr, n)
+		d.cacheDrop(addr, n)
 	}
 	if !d.cfg.Conn.IsConnected() {
 		// Our own link is down: no node can be reached, nor the
@@ -472,7 +500,7 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 		return subjects.NodeID{}, unavailable("read", err)
 	}
 	if rev != 0 && d.members.Alive(c.Owner) {
-		d.cache.Store(addr, c.Owner)
+		d.cacheSet(addr, c.Owner)
 		return c.Owner, nil
 	}
 	n, ok := Place(addr, d.members.Hosting(addr.Kind()))
@@ -489,13 +517,13 @@ func (d *Directory) Redirect(addr subjects.Address, owner subjects.NodeID) bool 
 	if owner.IsZero() || !d.members.Alive(owner) {
 		return false
 	}
-	d.cache.Store(addr, owner)
+	d.cacheSet(addr, owner)
 	return true
 }
 
 // Invalidate drops the cached owner of addr if it is node (mesh.Resolver).
 func (d *Directory) Invalidate(addr subjects.Address, node subjects.NodeID) {
-	d.cache.CompareAndDelete(addr, node)
+	d.cacheDrop(addr, node)
 }
 
 // Place picks addr's node among candidates by rendezvous (highest random
@@ -579,6 +607,9 @@ func (d *Directory) verifier() {
 			if e != nil {
 				d.changed(e)
 			}
+		case <-d.departure:
+			d.pruneDead()
+			continue
 		case <-t.C:
 			if d.streamChanged() {
 				full = true
@@ -701,6 +732,50 @@ func (h *claimHeap) Pop() any {
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
+}
+
+// cacheSet caches owner as addr's. Past CacheSize entries it evicts: the
+// entries of generations no longer alive, then arbitrary ones down to
+// seven eighths of the size, so a pass is not run per entry. The cache may
+// pass its size by the number of goroutines storing at once.
+func (d *Directory) cacheSet(addr subjects.Address, owner subjects.NodeID) {
+	if _, loaded := d.cache.Swap(addr, owner); loaded {
+		return
+	}
+	if d.cacheLen.Add(1) <= int64(d.cfg.CacheSize) || !d.evicting.CompareAndSwap(false, true) {
+		return
+	}
+	defer d.evicting.Store(false)
+	d.pruneDead()
+	floor := int64(d.cfg.CacheSize - d.cfg.CacheSize/8)
+	d.cache.Range(func(k, v any) bool {
+		if d.cacheLen.Load() <= floor {
+			return false
+		}
+		if k.(subjects.Address) != addr {
+			d.cacheDrop(k.(subjects.Address), v.(subjects.NodeID))
+		}
+		return true
+	})
+}
+
+// cacheDrop drops addr's cached owner if it is node.
+func (d *Directory) cacheDrop(addr subjects.Address, node subjects.NodeID) {
+	if d.cache.CompareAndDelete(addr, node) {
+		d.cacheLen.Add(-1)
+	}
+}
+
+// pruneDead drops the cached owners that are no live generation (a
+// departure was seen): a sender's cache holds no generation after it is
+// gone, whether or not its addresses are resolved again.
+func (d *Directory) pruneDead() {
+	d.cache.Range(func(k, v any) bool {
+		if n := v.(subjects.NodeID); !d.members.Alive(n) {
+			d.cacheDrop(k.(subjects.Address), n)
+		}
+		return true
+	})
 }
 
 // ownedClaim is one claim this node holds, as the verifier read it: its
@@ -982,7 +1057,7 @@ func (d *Directory) standDown(o ownedClaim, why string) {
 	}
 	delete(d.owned, o.addr)
 	d.mu.Unlock()
-	d.cache.CompareAndDelete(o.addr, d.self())
+	d.cacheDrop(o.addr, d.self())
 	d.log.Warn("claim lost: standing down", "address", string(o.addr), "why", why)
 	if f := d.cfg.OnLost; f != nil {
 		f(hub.ClaimToken{Addr: o.addr, ID: o.id, Rev: o.rev})
@@ -992,6 +1067,7 @@ func (d *Directory) standDown(o ownedClaim, why string) {
 // Close stops the verifier. Claims stay until released or replaced.
 func (d *Directory) Close() {
 	d.once.Do(func() {
+		d.stopEv()
 		d.cancel()
 		d.wg.Wait()
 	})

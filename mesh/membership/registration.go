@@ -292,7 +292,9 @@ func (m *Membership) beat() error {
 }
 
 // SetKinds announces the hub kinds this generation hosts (kinds registered
-// after it joined), so that placement can use them.
+// after it joined), so that placement can use them. It blocks on one or two
+// registry round trips, bounded by ctx. An error matching [ErrLost] says
+// the registry no longer names this generation (it was declared gone).
 func (m *Membership) SetKinds(ctx context.Context, kinds []string) error {
 	return m.updateSelf(ctx, func(self *Member) {
 		self.Kinds = slices.Clone(kinds)
@@ -321,8 +323,14 @@ func (m *Membership) updateSelf(ctx context.Context, change func(*Member)) error
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		// An earlier write's reply may have been lost: retry on the
 		// stored revision if the entry is still ours.
-		if cur, crev, gerr := m.readEntry(ctx, self.Node.Name); gerr == nil && crev != 0 && cur.Node == self.Node {
+		cur, crev, gerr := m.readEntry(ctx, self.Node.Name)
+		switch {
+		case gerr == nil && crev != 0 && cur.Node == self.Node:
 			nrev, err = m.kv.Update(ctx, self.Node.Name, b, crev)
+		case gerr == nil:
+			// Removed, or another generation's: this one was declared
+			// gone (the watcher marks it lost).
+			return fmt.Errorf("%w: the registry no longer names %s: %w", ErrLost, self.Node, err)
 		}
 	}
 	if err != nil {

@@ -45,7 +45,7 @@ func TestPublishQueuesWithoutAllocating(t *testing.T) {
 // nothing per frame (the handler gets each by value).
 func TestApplyWithoutAllocating(t *testing.T) {
 	var n int
-	s := &Subscription{handler: func(Frame) { n++ }, epoch: 9, adopted: true}
+	s := &Subscription{handler: func(Frame) { n++ }, epoch: 9, started: true, adopted: true}
 	var p []byte
 	for v := uint64(1); v <= 100; v++ {
 		p = AppendFrames(p, Frame{Epoch: 9, Version: v, Data: []byte("0123456789")})

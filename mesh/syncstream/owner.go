@@ -127,7 +127,7 @@ type outbox struct {
 // delivers the frames (the node's client); snapshot returns a stream's full
 // state. The epoch is taken from the clock at creation: a later activation
 // has a later epoch, and subscribers do not depend on clocks agreeing (they
-// adopt the epoch of the snapshot answering them).
+// follow the epoch the response to their subscribe names).
 func NewOwner(sender *mesh.Client, self subjects.Address, snapshot func(subjects.Stream) []byte, log *slog.Logger) *Owner {
 	if log == nil {
 		log = slog.Default()

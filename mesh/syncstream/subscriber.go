@@ -41,13 +41,30 @@ type Subscription struct {
 	self    subjects.Address
 	handler Handler
 
-	mu        sync.Mutex
-	epoch     uint64
-	version   uint64
-	attempt   string // the latest subscribe attempt
-	adopted   bool   // its snapshot was applied (a repeat of it is stale)
-	ownerNode subjects.NodeID
-	err       error
+	mu      sync.Mutex
+	epoch   uint64
+	version uint64
+	started bool   // a snapshot was applied: (epoch, version) is the mirror's
+	attempt string // the latest subscribe attempt
+	adopted bool   // a snapshot of it was applied (a repeat of it is stale)
+	// confirmed is the epoch the latest answered subscribe's response
+	// named: the activation the mesh routed it to, followed even if its
+	// epoch is below the mirror's (a clock behind). dropped is a snapshot
+	// of the latest attempt the guard turned away: if the response names
+	// its epoch, the subscriber subscribes again (subscribeOnce).
+	confirmed      uint64
+	droppedAttempt string
+	droppedEpoch   uint64
+	again          bool // subscribe again: the responder's snapshot was dropped before its response named it
+	// What a poke was about (DESIGN §7: resubscribe once per owner
+	// change): a closed frame of closedEpoch, the departure of departed.
+	// Both are cleared when an attempt starts, which answers them; a
+	// wake-up finds recovery due only if one still names what the
+	// subscription follows (recoveryDue).
+	closedEpoch uint64
+	departed    subjects.NodeID
+	ownerNode   subjects.NodeID
+	err         error
 
 	applied, stale, resubscribes atomic.Int64
 	trigger                      chan struct{} // resubscribe now
@@ -131,6 +148,9 @@ func (s *Subscription) arm(ctx context.Context) error {
 		unwatch = m.OnEvent(func(e membership.Event) {
 			s.mu.Lock()
 			mine := e.Type.Departed() && e.Member.Node == s.ownerNode
+			if mine {
+				s.departed = e.Member.Node
+			}
 			s.mu.Unlock()
 			if mine {
 				s.poke()
@@ -213,6 +233,9 @@ func (s *Subscription) apply(f *Frame) {
 	if f.Closed {
 		s.mu.Lock()
 		current := f.Epoch == s.epoch
+		if current {
+			s.closedEpoch = f.Epoch
+		}
 		s.mu.Unlock()
 		if current {
 			s.poke() // the owner activation we follow is going away
@@ -222,14 +245,30 @@ func (s *Subscription) apply(f *Frame) {
 	s.mu.Lock()
 	apply := false
 	switch {
-	case f.Snapshot && f.Attempt == s.attempt && !s.adopted:
-		apply = true // the answer to our latest subscribe: adopt its epoch
-		s.adopted = true
+	case f.Snapshot && f.Attempt == s.attempt:
+		// An answer to our latest subscribe. It passes the guard like
+		// any frame; or it is the activation the attempt's response
+		// named (a later activation whose epoch is below the mirror's:
+		// its node's clock is behind). Another snapshot of the attempt
+		// (an Idempotent re-send of the subscribe reached an older
+		// activation too) never moves the mirror back, and never
+		// wedges it: the responder's is applied after it.
+		switch {
+		case !s.started, f.newer(s.epoch, s.version):
+			apply = true
+		case f.Epoch == s.epoch && f.Version == s.version && !s.adopted:
+			apply = true // the mirror's own state again (subscribed again to the same activation): handed over once
+		case s.confirmed != 0 && f.Epoch == s.confirmed && f.Epoch != s.epoch:
+			apply = true
+		default:
+			s.droppedAttempt, s.droppedEpoch = f.Attempt, f.Epoch
+		}
+		s.adopted = s.adopted || apply
 	case f.Epoch == s.epoch && f.newer(s.epoch, s.version):
 		apply = true
 	}
 	if apply {
-		s.epoch, s.version = f.Epoch, f.Version
+		s.epoch, s.version, s.started = f.Epoch, f.Version, true
 	}
 	s.mu.Unlock()
 	if !apply {
@@ -250,6 +289,8 @@ func (s *Subscription) Pinned() bool {
 	}
 }
 
+// poke wakes the run loop; what the wake-up is about is recorded first
+// (recoveryDue).
 func (s *Subscription) poke() {
 	select {
 	case s.trigger <- struct{}{}:
@@ -336,7 +377,12 @@ func (s *Subscription) await() bool {
 		case <-s.stop:
 			return false
 		case <-s.trigger:
-			return true
+			if s.recoveryDue() {
+				return true
+			}
+			// A notice about what an attempt since already replaced
+			// (the old owner's departure, told while the attempts to
+			// its successor were failing): nothing to recover.
 		case <-s.node.Closed():
 			return true // the next attempt fails terminally (the client is closed)
 		case <-t.C:
@@ -353,10 +399,20 @@ func (s *Subscription) await() bool {
 	}
 }
 
+// recoveryDue reports whether a poke still names what the subscription
+// follows: the epoch it applies was closed, the owner node that answered
+// its last subscribe departed, or the responder's snapshot was dropped.
+func (s *Subscription) recoveryDue() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.again || s.closedEpoch != 0 && s.closedEpoch == s.epoch || !s.departed.IsZero() && s.departed == s.ownerNode
+}
+
 func (s *Subscription) subscribeOnce() error {
 	attempt := nuid.Next()
 	s.mu.Lock()
-	s.attempt, s.adopted = attempt, false
+	s.attempt, s.adopted, s.again = attempt, false, false
+	s.closedEpoch, s.departed = 0, subjects.NodeID{} // this attempt answers them
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout)
 	defer cancel()
@@ -375,9 +431,23 @@ func (s *Subscription) subscribeOnce() error {
 	if err != nil {
 		return err
 	}
+	var rep subscribeReply
+	named := json.Unmarshal(resp.Payload, &rep) == nil && rep.Epoch != 0
 	s.mu.Lock()
 	s.ownerNode = resp.Node
+	again := false
+	if named && s.attempt == attempt {
+		s.confirmed = rep.Epoch
+		// The responder's snapshot came first and the guard dropped it
+		// (its epoch is below the mirror's): subscribe again, now that
+		// its epoch is known.
+		again = s.droppedAttempt == attempt && s.droppedEpoch == rep.Epoch && s.epoch != rep.Epoch
+		s.again = again
+	}
 	s.mu.Unlock()
+	if again {
+		s.poke()
+	}
 	return nil
 }
 

@@ -9,10 +9,16 @@
 // On subscribe the owner sends the stream's full state first (a snapshot
 // frame naming the subscribe attempt it answers), then every change as a
 // delta frame. The epoch is the owner activation's: a new activation of the
-// owner (after a crash, a move, a restart) starts a new epoch. A subscriber
-// adopts the epoch of the snapshot answering its own latest subscribe — so
-// clock skew between nodes cannot wedge it — and from then on drops every
-// frame of another epoch, or of its epoch and an older or equal version.
+// owner (after a crash, a move, a restart) starts a new epoch. A snapshot
+// answering the subscriber's latest subscribe passes the same guard as any
+// frame (one equal to the mirror's pair, the same activation answering
+// again, is handed over once), with one exception, so clock skew between
+// nodes cannot wedge it:
+// the snapshot of the epoch the attempt's response named (the activation
+// that answered) is applied even if that epoch is below the mirror's, and
+// if the guard dropped it before the response came, the subscriber
+// subscribes again. After a snapshot it drops every frame of another epoch,
+// or of its epoch and an older or equal version.
 //
 // Frames travel in the compact frames encoding (AppendFrames, DecodeFrames;
 // docs/protocol.md §8a), several to a delivery when they are published
