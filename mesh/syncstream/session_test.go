@@ -29,6 +29,15 @@ func TestFailedSubscribeLeavesNothing(t *testing.T) {
 	})
 	sub, _ := startNode(t, s, "sub", false)
 	natstest.Eventually(t, 5*time.Second, func() bool { return len(sub.Members().Hosting("refuse")) == 1 }, "owner visible")
+	// One failed Subscribe first: what the node starts once (the first
+	// subscriber activation, the directory watch's consumer settling) is
+	// not what each failed Subscribe must leave nothing of.
+	if _, err := syncstream.Subscribe(context.Background(), sub, subjects.Address("refuse/x"), "", func(syncstream.Frame) {}); !errors.Is(err, verdict.ErrHandler) {
+		t.Fatalf("warm-up Subscribe = %v", err)
+	}
+	natstest.Eventually(t, 5*time.Second, func() bool {
+		return sub.Host().Stats().Activations == 0 && sub.Directory().Owned() == 0
+	}, "warm-up left an activation or a claim")
 	before := runtime.NumGoroutine()
 	for i := range 5 {
 		_, err := syncstream.Subscribe(context.Background(), sub, subjects.Address("refuse/x"), "", func(syncstream.Frame) {})
