@@ -31,11 +31,20 @@ const (
 	// the caller is the account and user the NATS server stamps in
 	// Nats-Request-Info when the request crosses the mesh account's
 	// service import (export with share: true); the server replaces any
-	// such header the client set. A request that carries none (a member
-	// of the mesh account itself: nodes, operators) falls back to its
-	// inbox prefix.
+	// such header the client set, and answers through a reply subject of
+	// its own making (_R_.…). The header is believed only on a request
+	// with such a reply; any other (a member of the mesh account itself:
+	// nodes, operators — who can write the header themselves) falls back
+	// to its inbox prefix, and a delivery without a reply is "anon".
 	CallerFromRequestInfo
 )
+
+// serviceReplyPrefix begins the reply subjects a NATS server makes for a
+// request that crossed a service import: only such a request's
+// Nats-Request-Info is the server's (a member of the mesh account itself
+// can write the header, but then its reply is its own inbox; naming a
+// _R_ reply instead, it never receives the answer).
+const serviceReplyPrefix = "_R_."
 
 // HeaderRequestInfo is the header a NATS server stamps on a request that
 // crosses a service import whose export shares requestor info
@@ -46,19 +55,27 @@ const HeaderRequestInfo = "Nats-Request-Info"
 // (CallerIdentity), as a hub.HeaderCaller value: "acc:<account>:<user>"
 // or "inbox:<prefix>" or "anon", with account, user and prefix encoded as
 // subject tokens (printable, no spaces).
-func (n *Node) callerOf(m *nats.Msg) string {
-	if n.cfg.CallerIdentity == CallerFromRequestInfo {
+//
+// A request carrying Nats-Request-Info more than once is refused (ok
+// false): the server writes one value, so a second was smuggled past its
+// replacement of the client's own (a bare-LF header line, which the server
+// does not read as a line but nats.go does).
+func (n *Node) callerOf(m *nats.Msg) (caller string, ok bool) {
+	if len(m.Header.Values(HeaderRequestInfo)) > 1 {
+		return "", false
+	}
+	if n.cfg.CallerIdentity == CallerFromRequestInfo && strings.HasPrefix(m.Reply, serviceReplyPrefix) {
 		if v := m.Header.Get(HeaderRequestInfo); v != "" {
 			var ci struct {
 				Account string `json:"acc"`
 				User    string `json:"user"`
 			}
 			if json.Unmarshal([]byte(v), &ci) == nil && ci.Account != "" {
-				return "acc:" + subjects.EncodeToken(ci.Account) + ":" + subjects.EncodeToken(ci.User)
+				return "acc:" + subjects.EncodeToken(ci.Account) + ":" + subjects.EncodeToken(ci.User), true
 			}
 		}
 	}
-	return inboxCaller(m.Reply)
+	return inboxCaller(m.Reply), true
 }
 
 // inboxCaller is the CallerFromInbox identity of a reply subject.

@@ -200,3 +200,55 @@ func TestInboxCaller(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestInfoTwiceRefused: a request that carries Nats-Request-Info
+// twice (one smuggled past the server's replacement of the client's own,
+// e.g. behind a bare-LF header line) is refused bad-request in both modes:
+// the node never picks one of two identities.
+func TestRequestInfoTwiceRefused(t *testing.T) {
+	for _, mode := range []CallerIdentity{CallerFromInbox, CallerFromRequestInfo} {
+		s := natstest.RunServer(t)
+		n, err := NewNode(NodeConfig{Conn: natstest.Connect(t, s), Name: "a", CallerIdentity: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Register("rec", newRecorder().factory); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		m := nats.NewMsg(subjects.DefaultPrefix.Ingress("rec/x", ""))
+		m.Header.Add(HeaderRequestInfo, `{"acc":"ALICE","user":"alice"}`)
+		m.Header.Add(HeaderRequestInfo, `{"acc":"MALLORY","user":"mallory"}`)
+		r, err := natstest.Connect(t, s).RequestMsg(m, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, verr := verdict.Decode(r.Header); verdict.ReasonOf(verr) != verdict.ReasonBadRequest {
+			t.Errorf("mode %d: two Nats-Request-Info values: %v, want bad-request", mode, verr)
+		}
+	}
+}
+
+// TestRequestInfoBelievedOnServiceReplies: in CallerFromRequestInfo mode
+// the header names the caller only on a request whose reply the server made
+// for a service import (_R_.…); a member of the mesh account that writes
+// the header on its own request (its reply is its own inbox) is known by
+// its inbox prefix, not by the account it claims.
+func TestRequestInfoBelievedOnServiceReplies(t *testing.T) {
+	n := &Node{cfg: NodeConfig{CallerIdentity: CallerFromRequestInfo}}
+	for _, tc := range []struct{ reply, want string }{
+		{"_R_.abc.def", "acc:ALICE:alice"},
+		{"_INBOX.op.conn.1", "inbox:_INBOX.op"},
+		{"", "anon"},
+	} {
+		m := nats.NewMsg("x")
+		m.Reply = tc.reply
+		m.Header.Set(HeaderRequestInfo, `{"acc":"ALICE","user":"alice"}`)
+		if got, ok := n.callerOf(m); !ok || got != tc.want {
+			t.Errorf("reply %q: caller %q (%v), want %q", tc.reply, got, ok, tc.want)
+		}
+	}
+}

@@ -65,7 +65,8 @@ type NodeStatus struct {
 	// (SECURITY.md).
 	IngressRefused int64 `json:"ingress_refused"`
 	// IngressNodeOnly counts ingress deliveries refused bad-request for a
-	// node-only type (the sync-stream protocol's) or an internal kind.
+	// node-only type (the sync-stream protocol's) or an internal kind, or
+	// for carrying Nats-Request-Info more than once.
 	IngressNodeOnly int64 `json:"ingress_node_only"`
 	// With membership: the registry as this node sees it, departures of
 	// other generations it observed, times it was fenced and rejoined, and

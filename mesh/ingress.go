@@ -65,7 +65,13 @@ func (n *Node) ingress(m *nats.Msg) {
 
 func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Stream) {
 	h := m.Header
-	d := Delivery{To: addr, Stream: stream, Payload: m.Data, caller: n.callerOf(m)}
+	caller, ok := n.callerOf(m)
+	if !ok {
+		n.refusedNodeOnly.Add(1)
+		n.answerIngress(m, "", "", verdict.New(verdict.ReasonBadRequest, "header %s given more than once: one identity per request", HeaderRequestInfo), nil)
+		return
+	}
+	d := Delivery{To: addr, Stream: stream, Payload: m.Data, caller: caller}
 	if h != nil {
 		d.ID = h.Get(hub.HeaderID)
 		if _, set := h[hub.HeaderID]; set && d.ID == "" {
