@@ -195,6 +195,7 @@ const maxAbandoned = 1 << 16
 // (ClientStats.StaleAnswers). Bounded: the oldest pairs are forgotten
 // first. Safe for concurrent use.
 type abandonedLegs struct {
+	n    atomic.Int64 // len(set), read without the lock on the hot path
 	mu   sync.Mutex
 	set  map[abandonedLeg]struct{}
 	ring []abandonedLeg
@@ -225,6 +226,18 @@ func (a *abandonedLegs) add(id string, node subjects.NodeID) {
 		a.next = (a.next + 1) % maxAbandoned
 	}
 	a.set[k] = struct{}{}
+	a.n.Store(int64(len(a.set)))
+}
+
+// accepted forgets an abandoned leg of id to node once node accepted id
+// (a re-send of the same ID to the same generation): its answers count
+// again.
+func (a *abandonedLegs) accepted(id string, node subjects.NodeID) {
+	k := abandonedLeg{id, node}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.set, k) // its ring slot stays until overwritten (the ring only bounds the set)
+	a.n.Store(int64(len(a.set)))
 }
 
 // has reports whether the leg of id to node was abandoned.

@@ -763,6 +763,9 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 			return true, verr
 		}
 		c.learned(node, reply)
+		if c.gaveUp.n.Load() > 0 {
+			c.gaveUp.accepted(d.ID, node) // accepted after all: its answers are taken again
+		}
 		accepted = f.request
 		if f.request {
 			f.phase = phaseAccepted

@@ -137,3 +137,47 @@ func TestAnswerFromAbandonedLeg(t *testing.T) {
 		c.fl.mu.Unlock()
 	}
 }
+
+// TestAbandonedThenAcceptedBySameGeneration (found by a hostile tester): a
+// leg abandoned at generation x (x reported departed while it held the
+// leg), whose delivery is then re-sent under the same ID to x — alive after
+// all — and accepted there: x's genuine late verdict for that acceptance
+// reaches the caller. The abandonment is forgotten once x accepts the ID.
+func TestAbandonedThenAcceptedBySameGeneration(t *testing.T) {
+	s := natstest.RunServer(t)
+	x := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "x", Generation: 1}, "key-x")
+	var mu sync.Mutex
+	var late []error
+	res := &countingResolver{fn: func(int, subjects.Address) subjects.NodeID { return x.id }}
+	c := newClient(t, natstest.Connect(t, s), res, WithRetry(RetryPolicy{MaxRetries: -1}), WithLateVerdicts(func(v LateVerdict) {
+		mu.Lock()
+		late = append(late, v.Err)
+		mu.Unlock()
+	}))
+	ctx := context.Background()
+	if _, err := c.Deliver(ctx, Delivery{To: "rec/warm"}); err != nil {
+		t.Fatal(err)
+	}
+	x.mu.Lock()
+	x.hold = true
+	x.mu.Unlock()
+	id := "same-gen-resend"
+	done := make(chan error, 1)
+	go func() { _, err := c.Deliver(ctx, Delivery{To: "rec/a", ID: id}); done <- err }()
+	natstest.Eventually(t, 5*time.Second, func() bool { x.mu.Lock(); defer x.mu.Unlock(); return len(x.held) == 1 }, "leg held by x")
+	c.FailNode(x.id, "test: x thought departed")
+	if err := <-done; !verdict.IsResendable(err) {
+		t.Fatalf("abandoned leg: %v, want resendable", err)
+	}
+	x.mu.Lock()
+	x.hold, x.held = false, nil
+	x.mu.Unlock()
+	c.fl.mu.Lock()
+	delete(c.fl.gone, x.id.Name) // x is alive after all
+	c.fl.mu.Unlock()
+	if r, err := c.Deliver(ctx, Delivery{To: "rec/a", ID: id}); err != nil || r.Node != x.id {
+		t.Fatalf("re-send: %v %v", r.Node, err)
+	}
+	x.lateVerdict(t, c.answerTo(), id) // the accepting generation's genuine late verdict
+	natstest.Eventually(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(late) == 1 }, "late verdict of the accepting generation not delivered (stale drops %d)", c.Stats().StaleAnswers)
+}
