@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
@@ -76,6 +77,12 @@ type Delivery struct {
 	// empty for a node's own sender. Established by the ingress node from
 	// what the NATS server tells it, never from the client's message.
 	Caller string
+	// Reminder is the name of the reminder this delivery is a fire of
+	// (HeaderReminder), or empty; Due is that fire's due time. Each
+	// attempt of one fire carries the same ID, so a re-fire after a
+	// fault is recognised by the intake's dedupe like any re-send.
+	Reminder string
+	Due      time.Time
 
 	key string // dedupe key: (Caller, ID)
 

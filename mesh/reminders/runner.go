@@ -138,6 +138,9 @@ type Runner struct {
 
 	counts   [5]atomic.Int64
 	inFlight atomic.Int64
+
+	idsMu sync.Mutex
+	ids   map[string]struct{} // fires being delivered by this runner, by ID
 }
 
 // Run creates or updates the shared durable consumer and starts taking
@@ -179,7 +182,7 @@ func (s *Store) Run(ctx context.Context, cfg RunConfig) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reminders: consumer %s: %w", ConsumerName, err)
 	}
-	r := &Runner{s: s, cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), done: make(chan struct{})}
+	r := &Runner{s: s, cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), done: make(chan struct{}), ids: map[string]struct{}{}}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	cc, err := cons.Consume(r.take, jetstream.PullMaxMessages(cfg.Concurrency),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -276,6 +279,23 @@ func (r *Runner) handle(m jetstream.Msg) {
 		r.outcome(f, Dropped, nil)
 		return
 	}
+	// A fire redelivered while this runner still delivers it (its ack
+	// wait passed regardless of the keep-alive): leave it to the first.
+	r.idsMu.Lock()
+	_, busy := r.ids[f.ID]
+	if !busy {
+		r.ids[f.ID] = struct{}{}
+	}
+	r.idsMu.Unlock()
+	if busy {
+		_ = m.NakWithDelay(r.cfg.RetryBase)
+		return
+	}
+	defer func() {
+		r.idsMu.Lock()
+		delete(r.ids, f.ID)
+		r.idsMu.Unlock()
+	}()
 	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
 	stopTicks := r.keepAlive(ctx, m)
 	err = r.cfg.Deliver(ctx, f)
