@@ -25,7 +25,7 @@ func open(t *testing.T) *Store {
 	t.Helper()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
-	st, err := Open(context.Background(), Config{Conn: nc, Prefix: "t.v1"})
+	st, err := Open(context.Background(), Config{Conn: nc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +349,7 @@ func TestReminderManyFireOnceEach(t *testing.T) {
 	var mu sync.Mutex
 	perRunner := map[int]int{}
 	for i := range 2 {
-		st, err := Open(ctx, Config{Conn: natstest.Connect(t, s), Prefix: "t.v1"})
+		st, err := Open(ctx, Config{Conn: natstest.Connect(t, s)})
 		if err != nil {
 			t.Fatal(err)
 		}
