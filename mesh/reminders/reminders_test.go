@@ -404,3 +404,11 @@ func TestReminderManyFireOnceEach(t *testing.T) {
 	t.Logf("%d one-shots due at once: handed over within %v (p50 %v, p99 %v), runners %v",
 		n, at[len(at)-1].Sub(due), late[n/2], late[n*99/100], perRunner)
 }
+
+// TestFireIDGolden pins the fire ID derivation of docs/protocol.md §8d for
+// other implementations (checked there with sha256sum).
+func TestFireIDGolden(t *testing.T) {
+	if got := FireID("timer/a", "wake", "inc", "2026-01-01T09:00:00.000Z"); got != "rem-20ee50c7fe02c3b2834d3239b703b374" {
+		t.Fatalf("FireID = %s", got)
+	}
+}
