@@ -208,3 +208,68 @@ func TestReminderControlEndpoint(t *testing.T) {
 		t.Fatalf("Get after cancel: %v", err)
 	}
 }
+
+// The node whose runner holds a fire dies (its connection drops, nothing
+// acknowledged or handed back) while the owner's turn runs: after the ack
+// wait another node's runner takes the fire and re-sends it under the same
+// ID; the owner's dedupe answers it with the kept response, so the turn
+// ran once and the fire is acknowledged.
+func TestReminderRunnerDiesWithFireInHand(t *testing.T) {
+	s := natstest.RunServer(t)
+	k := &ticks{}
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	k.onTurn = func(_ *Node, d *hub.Delivery) {
+		if d.Reminder != "" && len(k.fires()) == 1 {
+			entered <- struct{}{}
+			<-release
+		}
+	}
+	host := steadyMembership
+	host.DisableReminders = true
+	owner := tickNode(t, s, "owner", k, host, 0)
+	runners := steadyMembership
+	runners.ReminderAckWait = time.Second
+	var conns []*nats.Conn
+	var nodes []*Node
+	for _, name := range []string{"r1", "r2"} {
+		nc := natstest.Connect(t, s)
+		mc := runners
+		n, err := NewNode(NodeConfig{Conn: nc, Name: name, Membership: &mc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		conns, nodes = append(conns, nc), append(nodes, n)
+	}
+	waitMembers(t, 3, owner, nodes[0], nodes[1])
+	if _, err := nodes[0].Reminders().Set(context.Background(), reminders.Reminder{Address: "tick/held", Name: "n", Schedule: reminders.In(200 * time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fire did not reach the owner")
+	}
+	holder := -1
+	for i, n := range nodes {
+		if n.ReminderStats().InFlight == 1 {
+			holder = i
+		}
+	}
+	if holder < 0 {
+		t.Fatal("no runner holds the fire")
+	}
+	conns[holder].Close() // a crash: nothing acknowledged, nothing handed back
+	close(release)
+	other := nodes[1-holder]
+	natstest.Eventually(t, 15*time.Second, func() bool { return other.ReminderStats().Delivered == 1 }, "the other runner did not deliver the held fire")
+	if got := len(k.fires()); got != 1 {
+		t.Fatalf("the turn ran %d times", got)
+	}
+	if hits := owner.Host().Stats().DedupeHits; hits < 1 {
+		t.Fatalf("dedupe hits %d", hits)
+	}
+}
