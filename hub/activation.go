@@ -52,6 +52,9 @@ type activation struct {
 	stateHandle *State // durable state, once LoadState took it over (state.go)
 
 	lanes map[laneID]*laneState // windowed lanes' positions (lanes.go)
+
+	readOnly map[string]bool // delivery types the hub marks read-only (readonly.go); set before Ready
+	readers  readersGauge    // read-only turns running
 }
 
 // enqueue puts e in the inbox, or refuses it (full inbox, activation gone).
@@ -126,8 +129,16 @@ func (a *activation) turns() {
 			return
 		}
 		hub := a.hub
-		if b, ok := hub.(Batcher); ok && len(a.queue)-a.head > 1 {
-			n := min(len(a.queue)-a.head, MaxBatch)
+		if a.readOnlyLocked(a.queue[a.head]) {
+			a.mu.Unlock()
+			a.readTurns(hub)
+			continue
+		}
+		if b, ok := hub.(Batcher); ok && len(a.queue)-a.head > 1 && !a.readOnlyLocked(a.queue[a.head+1]) {
+			n := 0 // the exclusive deliveries at the head, up to MaxBatch
+			for n < MaxBatch && a.head+n < len(a.queue) && !a.readOnlyLocked(a.queue[a.head+n]) {
+				n++
+			}
 			batch := make([]*entry, n)
 			copy(batch, a.queue[a.head:a.head+n])
 			clear(a.queue[a.head : a.head+n])
@@ -140,17 +151,7 @@ func (a *activation) turns() {
 		a.queue[a.head] = nil
 		a.head++
 		a.mu.Unlock()
-		if err := a.host.serving(); err != nil {
-			// Fenced while it waited (e.g. the process was frozen and
-			// declared gone): another node may own the address now, so
-			// handling it here could run it out of order or twice.
-			a.host.fail(e, err)
-			continue
-		}
-		if !e.taken.CompareAndSwap(false, true) {
-			continue // already failed (closing)
-		}
-		a.handle(hub, e)
+		a.turn(hub, e)
 	}
 }
 
@@ -255,13 +256,23 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 func (a *activation) build(f Factory) {
 	h := a.host
 	defer h.wg.Done()
+	var ro map[string]bool // the hub's read-only delivery types
 	hub, err := func() (hub Hub, err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err = fmt.Errorf("factory panic: %v", r)
 			}
 		}()
-		return f(context.WithValue(h.ctx, activationKey{}, a), a.addr)
+		hub, err = f(context.WithValue(h.ctx, activationKey{}, a), a.addr)
+		if r, ok := hub.(ReadOnly); ok && err == nil {
+			for _, t := range r.ReadOnlyTypes() {
+				if ro == nil {
+					ro = map[string]bool{}
+				}
+				ro[t] = true
+			}
+		}
+		return hub, err
 	}()
 	if err == nil && hub == nil {
 		err = fmt.Errorf("factory returned a nil hub")
@@ -294,6 +305,7 @@ func (a *activation) build(f Factory) {
 		return
 	}
 	a.hub = hub
+	a.readOnly = ro
 	a.state = stateReady
 	a.lastActive = time.Now()
 	a.startTurnLocked()
