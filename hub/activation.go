@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -55,6 +56,9 @@ type activation struct {
 
 	readOnly map[string]bool // delivery types the hub marks read-only (readonly.go); set before Ready
 	readers  readersGauge    // read-only turns running
+
+	reentrant bool                     // the hub lets requests of its own call chain in (chain.go); set before Ready
+	current   atomic.Pointer[turnInfo] // the exclusive turn running, for reentrancy
 }
 
 // enqueue puts e in the inbox, or refuses it (full inbox, activation gone).
@@ -73,6 +77,14 @@ func (a *activation) enqueue(e *entry, startTurn bool) error {
 	}
 	if err := a.laneCheckLocked(e); err != nil {
 		return err
+	}
+	if e.Chain.Has(a.addr) {
+		if err := a.cycleLocked(e); err != nil {
+			return err
+		}
+		a.lastActive = time.Now()
+		a.laneAdvanceLocked(e, a.lastActive)
+		return nil // runs at once, beside the waiting turn (runReentrant)
 	}
 	if len(a.queue)-a.head >= a.host.cfg.InboxSize {
 		return verdict.New(verdict.ReasonInboxFull, "inbox of %s is full (%d deliveries)", a.addr, a.host.cfg.InboxSize)
@@ -165,6 +177,11 @@ func (a *activation) handle(hub Hub, e *entry) {
 	if h.tracer != nil {
 		ctx, span = h.startTurn(d)
 	}
+	ctx, ti := withTurn(ctx, a.addr, d)
+	if !e.reentrant && !a.readOnly[d.Type] {
+		a.setCurrent(ti)
+		defer a.setCurrent(nil)
+	}
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -222,6 +239,9 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	if h.tracer != nil {
 		ctx, span = h.startBatchTurn(ds)
 	}
+	ctx, ti := withTurn(ctx, a.addr, ds...)
+	a.setCurrent(ti)
+	defer a.setCurrent(nil)
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -257,6 +277,7 @@ func (a *activation) build(f Factory) {
 	h := a.host
 	defer h.wg.Done()
 	var ro map[string]bool // the hub's read-only delivery types
+	var reentrant bool
 	hub, err := func() (hub Hub, err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -264,6 +285,9 @@ func (a *activation) build(f Factory) {
 			}
 		}()
 		hub, err = f(context.WithValue(h.ctx, activationKey{}, a), a.addr)
+		if r, ok := hub.(Reentrant); ok && err == nil {
+			reentrant = r.Reentrant()
+		}
 		if r, ok := hub.(ReadOnly); ok && err == nil {
 			for _, t := range r.ReadOnlyTypes() {
 				if ro == nil {
@@ -305,7 +329,7 @@ func (a *activation) build(f Factory) {
 		return
 	}
 	a.hub = hub
-	a.readOnly = ro
+	a.readOnly, a.reentrant = ro, reentrant
 	a.state = stateReady
 	a.lastActive = time.Now()
 	a.startTurnLocked()
@@ -409,6 +433,9 @@ func (a *activation) deactivate() {
 		c.Release(tok)
 	}
 }
+
+// setCurrent records the exclusive turn running (nil: none).
+func (a *activation) setCurrent(t *turnInfo) { a.current.Store(t) }
 
 // claimToken returns the claim the activation holds.
 func (a *activation) claimToken() ClaimToken {

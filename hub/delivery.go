@@ -83,6 +83,9 @@ type Delivery struct {
 	// fault is recognised by the intake's dedupe like any re-send.
 	Reminder string
 	Due      time.Time
+	// Chain is the call chain of a request sent from another hub's turn
+	// (HeaderChain): the addresses waiting on it, outermost first.
+	Chain Chain
 
 	key string // dedupe key: (Caller, ID)
 
@@ -140,4 +143,7 @@ type entry struct {
 	// (HeaderLane); seq 0 means none.
 	epoch string
 	seq   uint64
+	// reentrant: its chain names its own address and it runs at once
+	// beside the waiting turn of that chain (chain.go).
+	reentrant bool
 }

@@ -112,6 +112,10 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 		break
 	}
 	h.answerAccepted(m, e)
+	if e.reentrant {
+		a.runReentrant(e)
+		return
+	}
 	a.kick() // after the reply: its turn does not delay it
 }
 
@@ -208,6 +212,11 @@ func (h *Host) parse(m *nats.Msg) (*entry, error) {
 			return nil, verdict.New(verdict.ReasonBadRequest, "header %s needs %s in RFC 3339 and at most %d bytes", HeaderReminder, HeaderReminderDue, MaxIDLen)
 		}
 		e.Reminder, e.Due = r, due
+	}
+	if v := hdr.Get(HeaderChain); v != "" {
+		if e.Chain, err = ParseChain(v); err != nil {
+			return nil, err
+		}
 	}
 	e.Attempt = 1
 	if s := hdr.Get(HeaderAttempt); s != "" {

@@ -59,6 +59,9 @@ type Delivery struct {
 	// (hub.HeaderReminder, hub.HeaderReminderDue); set only by the
 	// node's reminder runner.
 	reminder, due string
+	// chain is the call chain of a Request sent from a hub's turn
+	// (hub.HeaderChain); empty otherwise.
+	chain string
 }
 
 // Receipt is the outcome of an accepted delivery.
@@ -694,6 +697,9 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	}
 	if d.caller != "" {
 		lm.set(hdrCaller, d.caller)
+	}
+	if d.chain != "" {
+		lm.header().Set(hub.HeaderChain, d.chain)
 	}
 	if d.reminder != "" {
 		h := lm.header()

@@ -34,6 +34,8 @@ const (
 	ReasonInvalidID      // the delivery ID is not 1-128 bytes of printable ASCII without spaces
 	ReasonResponseGone   // a duplicate of a handled request whose response is no longer kept
 	ReasonOutOfOrder     // a windowed lane's leg arrived out of its sequence (DESIGN §4)
+	// Added in round 3.
+	ReasonCallCycle // a request would wait on an address already waiting in its own call chain (DESIGN §13)
 	numReasons
 )
 
@@ -58,6 +60,7 @@ var reasonNames = [numReasons]string{
 	ReasonInvalidID:        "invalid-id",
 	ReasonResponseGone:     "response-gone",
 	ReasonOutOfOrder:       "out-of-order",
+	ReasonCallCycle:        "call-cycle",
 }
 
 // String returns the reason's wire name, e.g. "not-owner".
@@ -108,6 +111,7 @@ var ladder = [numReasons]rung{
 	ReasonInvalidID:        {Failed, false, false},
 	ReasonResponseGone:     {Failed, false, false},
 	ReasonOutOfOrder:       {ShuttingDown, true, true},
+	ReasonCallCycle:        {Failed, false, false},
 }
 
 // Sentinels, one per [Reason]. Every *[Error] of the same reason matches its
@@ -180,6 +184,12 @@ var (
 	// sender re-sends from its first unaccepted delivery, in order, in a
 	// new lane epoch (DESIGN §4, docs/protocol.md).
 	ErrOutOfOrder = sentinel(ReasonOutOfOrder, "out of order in its lane")
+	// ErrCallCycle: a Request sent from a hub's turn names an address that
+	// is already waiting in the same call chain (A → B → A), whose kind
+	// does not allow reentrancy: waiting would deadlock until the
+	// deadline, so the intake refuses it at once (DESIGN §13). Failed, not
+	// transient: the same request would meet the same cycle.
+	ErrCallCycle = sentinel(ReasonCallCycle, "call cycle")
 )
 
 func sentinel(r Reason, msg string) *Error {
