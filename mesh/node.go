@@ -128,7 +128,7 @@ type MembershipConfig struct {
 	ReminderReplicas int
 	// ReminderAckWait is how long a fire held by a node that went silent
 	// waits before another node delivers it; zero means
-	// reminders.DefaultAckWait (30 s). The last node to start sets it.
+	// reminders.DefaultAckWait (10 s). The last node to start sets it.
 	ReminderAckWait time.Duration
 }
 

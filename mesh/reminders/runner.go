@@ -76,7 +76,7 @@ type RunConfig struct {
 const (
 	DefaultConcurrency = 256
 	DefaultTimeout     = 30 * time.Second
-	DefaultAckWait     = 30 * time.Second
+	DefaultAckWait     = 10 * time.Second
 )
 
 // Outcome is what became of one attempt of a fire.
