@@ -177,10 +177,16 @@ func (s *Store) Run(ctx context.Context, cfg RunConfig) (*Runner, error) {
 		AckWait:       cfg.AckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: 100_000,
-		Replicas:      s.cfg.Replicas,
+		// Replicas zero: the stream's.
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reminders: consumer %s: %w", ConsumerName, err)
+		// An update the server refuses (another node's settings): the
+		// existing consumer serves as it is.
+		var uerr error
+		if cons, uerr = s.stream.Consumer(ctx, ConsumerName); uerr != nil {
+			return nil, fmt.Errorf("reminders: consumer %s: %w", ConsumerName, err)
+		}
+		s.log.Warn("reminder consumer kept its existing settings", "consumer", ConsumerName, "err", err)
 	}
 	r := &Runner{s: s, cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), done: make(chan struct{}), ids: map[string]struct{}{}}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
