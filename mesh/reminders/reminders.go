@@ -211,8 +211,8 @@ type Reminder struct {
 	// max_payload less 4 KiB.
 	Payload []byte `json:"payload,omitempty"`
 
-	// Set is when the reminder was stored (the server's clock); filled by
-	// Get and List.
+	// Set is when the reminder was stored: the server's timestamp in Get
+	// and List, this process's clock in what Set returns.
 	Set time.Time `json:"set,omitzero"`
 	// Revision is the stream sequence of the schedule message; filled by
 	// Set, Get and List.
