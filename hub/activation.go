@@ -55,7 +55,6 @@ type activation struct {
 	lanes map[laneID]*laneState // windowed lanes' positions (lanes.go)
 
 	readOnly map[string]bool // delivery types the hub marks read-only (readonly.go); set before Ready
-	readers  readersGauge    // read-only turns running
 
 	reentrant bool                     // the hub lets requests of its own call chain in (chain.go); set before Ready
 	current   atomic.Pointer[turnInfo] // the exclusive turn running, for reentrancy
@@ -177,7 +176,7 @@ func (a *activation) handle(hub Hub, e *entry) {
 	if h.tracer != nil {
 		ctx, span = h.startTurn(d)
 	}
-	ctx, ti := withTurn(ctx, a.addr, d)
+	ctx, ti := e.turnContext(ctx, a.addr)
 	if !e.reentrant && !a.readOnly[d.Type] {
 		a.setCurrent(ti)
 		defer a.setCurrent(nil)

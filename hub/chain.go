@@ -145,6 +145,29 @@ func withTurn(ctx context.Context, addr subjects.Address, ds ...*Delivery) (cont
 	return context.WithValue(ctx, turnKey{}, t), t
 }
 
+// turnCtx is a single delivery's turn context: the host's, carrying the
+// turn for ChainOf. It lives in the entry, so a turn allocates nothing for
+// it.
+type turnCtx struct {
+	context.Context
+	info turnInfo
+}
+
+// Value returns the turn for ChainOf, else ctx's value.
+func (c *turnCtx) Value(k any) any {
+	if _, ok := k.(turnKey); ok {
+		return &c.info
+	}
+	return c.Context.Value(k)
+}
+
+// turnContext returns ctx carrying e's turn at addr (see withTurn).
+func (e *entry) turnContext(ctx context.Context, addr subjects.Address) (context.Context, *turnInfo) {
+	e.tc.Context = ctx
+	e.tc.info.addr, e.tc.info.chain = addr, e.Chain
+	return &e.tc, &e.tc.info
+}
+
 // cycleLocked decides a delivery whose chain names this activation's own
 // address: it may run at once beside the waiting turn of its chain (a
 // reentrant hub; e.reentrant is set), or it is refused ErrCallCycle.

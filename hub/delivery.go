@@ -146,4 +146,6 @@ type entry struct {
 	// reentrant: its chain names its own address and it runs at once
 	// beside the waiting turn of that chain (chain.go).
 	reentrant bool
+	// tc is its turn's context (chain.go), set when its turn starts.
+	tc turnCtx
 }

@@ -1,7 +1,5 @@
 package hub
 
-import "sync/atomic"
-
 // ReadOnly is implemented by hubs whose kind marks some delivery types as
 // read-only (DESIGN §13): turns of those types only read the hub, so one
 // activation may run several of them at once — never beside an exclusive
@@ -50,12 +48,8 @@ func (a *activation) readTurns(hub Hub) {
 			a.head++
 			a.mu.Unlock()
 			running++
-			a.readers.Add(1)
 			go func() {
-				defer func() {
-					a.readers.Add(-1)
-					done <- struct{}{}
-				}()
+				defer func() { done <- struct{}{} }()
 				a.turn(hub, e)
 			}()
 		}
@@ -82,6 +76,3 @@ func (a *activation) turn(hub Hub, e *entry) {
 	}
 	a.handle(hub, e)
 }
-
-// readersGauge is the read-only turns running in an activation.
-type readersGauge = atomic.Int64
