@@ -273,3 +273,36 @@ func TestReminderRunnerDiesWithFireInHand(t *testing.T) {
 		t.Fatalf("dedupe hits %d", hits)
 	}
 }
+
+// An interval reminder follows its address when the owner drains: the
+// next fires activate it on the other node.
+func TestReminderFollowsAMove(t *testing.T) {
+	s := natstest.RunServer(t)
+	k := &ticks{}
+	a := tickNode(t, s, "a", k, steadyMembership, 0)
+	b := tickNode(t, s, "b", k, steadyMembership, 0)
+	waitMembers(t, 2, a, b)
+	if _, err := a.Reminders().Set(context.Background(), reminders.Reminder{Address: "tick/mover", Name: "beat", Schedule: reminders.Every(time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { return len(k.fires()) >= 1 }, "no first fire")
+	k.mu.Lock()
+	first := k.nodes[len(k.nodes)-1]
+	k.mu.Unlock()
+	owner, other := a, b
+	if first == "b" {
+		owner, other = b, a
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := owner.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := len(k.fires())
+	natstest.Eventually(t, 15*time.Second, func() bool { return len(k.fires()) >= before+2 }, "the reminder did not keep firing after its owner drained")
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if last := k.nodes[len(k.nodes)-1]; last != other.cfg.Name {
+		t.Fatalf("fire after the drain ran on %s, want %s", last, other.cfg.Name)
+	}
+}
