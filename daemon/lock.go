@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -186,3 +187,52 @@ func (d *dataDir) writeLocked() error {
 
 // Close releases the lock. The record stays: the next holder reads it.
 func (d *dataDir) Close() error { return d.lock.Close() }
+
+// ErrNoHolder: no process holds the data directory (nothing to drain).
+var ErrNoHolder = errors.New("daemon: no meshd holds the data directory")
+
+// DrainHolder asks the meshd holding dir to drain, as SIGTERM does (meshd
+// drain, a Kubernetes preStop hook): it sends SIGTERM to the pid the
+// holder recorded and waits until the holder has exited — its lock is free
+// — or ctx ends. It returns the holder's pid; ErrNoHolder if no process
+// holds the lock (none runs); ctx's error if the holder is still running
+// when ctx ends. The lock is what it trusts: a recorded pid is signalled
+// only while the directory is locked.
+func DrainHolder(ctx context.Context, dir string) (int, error) {
+	path := filepath.Join(dir, LockFile)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("%w: %s has no %s", ErrNoHolder, dir, LockFile)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("daemon: lock %s: %w", path, err)
+	}
+	defer f.Close()
+	free := func() bool {
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			return false
+		}
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		return true
+	}
+	if free() {
+		return 0, fmt.Errorf("%w: %s is not locked", ErrNoHolder, dir)
+	}
+	rec, ok := readHolder(dir)
+	if !ok || rec.PID <= 0 {
+		return 0, fmt.Errorf("daemon: %s is locked but records no holder pid", dir)
+	}
+	if err := syscall.Kill(rec.PID, syscall.SIGTERM); err != nil {
+		return rec.PID, fmt.Errorf("daemon: signal the holder of %s (pid %d): %w", dir, rec.PID, err)
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !free() {
+		select {
+		case <-ctx.Done():
+			return rec.PID, fmt.Errorf("daemon: the holder of %s (pid %d) is still draining: %w", dir, rec.PID, ctx.Err())
+		case <-t.C:
+		}
+	}
+	return rec.PID, nil
+}

@@ -201,3 +201,29 @@ func TestRestartSupersedesOwnGeneration(t *testing.T) {
 		}
 	}
 }
+
+// TestMeshdDrainCommand: "meshd drain --data-dir DIR" (the Kubernetes
+// preStop hook of deploy/kubernetes) drains the meshd holding DIR and
+// returns once it has exited: that meshd's drain is clean (exit 0), and
+// its registry entry is gone (a graceful leave). With no meshd on the
+// directory it has nothing to do and exits 0.
+func TestMeshdDrainCommand(t *testing.T) {
+	s := StartNATSServer(t)
+	dir := t.TempDir()
+	m := StartMeshd(t, "--name", "d", "--nats-url", s.URL, "--data-dir", dir, "--http", "")
+	out, errOut, code := Run(t, 60*time.Second, nil, Build(t).Meshd, "drain", "--data-dir", dir, "--timeout", "45s")
+	if code != 0 || !strings.Contains(out, "drained and exited") {
+		t.Fatalf("meshd drain: exit %d, %q %q", code, out, errOut)
+	}
+	if c := m.Wait(t, time.Second); c != 0 {
+		t.Errorf("the drained meshd exited %d; want 0 (a clean drain)\n%s", c, m.Stderr())
+	}
+	if !strings.Contains(m.Stderr(), `"msg":"drained"`) {
+		t.Errorf("the meshd did not log its drain:\n%s", m.Stderr())
+	}
+	t.Logf("meshd drain: %s", strings.TrimSpace(out))
+	out, errOut, code = Run(t, 30*time.Second, nil, Build(t).Meshd, "drain", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "nothing to drain") {
+		t.Errorf("meshd drain with no meshd: exit %d, %q %q", code, out, errOut)
+	}
+}

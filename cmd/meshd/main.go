@@ -183,6 +183,8 @@ signal during the drain.`,
 		o.dataDirSet = f.Changed("data-dir")
 		return nil
 	}
+	cmd.AddCommand(newDrainCmd(stdout))
+	cmd.CompletionOptions.DisableDefaultCmd = true
 	cmd.SetVersionTemplate("meshd {{.Version}}\n")
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
