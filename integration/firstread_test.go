@@ -17,7 +17,7 @@ import (
 
 // ingressKV sends one raw ingress request to a kv address (as meshctl
 // request does) and returns the reply, the error and how long it took.
-func ingressKV(nc *nats.Conn, addr subjects.Address, typ, payload, id string, timeout time.Duration) (*nats.Msg, error, time.Duration) {
+func ingressKV(nc *nats.Conn, addr subjects.Address, typ, payload, id string, timeout time.Duration) (*nats.Msg, time.Duration, error) {
 	m := nats.NewMsg(subjects.DefaultPrefix.Ingress(addr, ""))
 	m.Header.Set("Mesh-Id", id)
 	m.Header.Set("Mesh-Type", typ)
@@ -25,7 +25,7 @@ func ingressKV(nc *nats.Conn, addr subjects.Address, typ, payload, id string, ti
 	m.Data = []byte(payload)
 	start := time.Now()
 	r, err := nc.RequestMsg(m, timeout)
-	return r, err, time.Since(start)
+	return r, time.Since(start), err
 }
 
 // TestFirstReadAfterOwnerKill (issue 24): three meshd processes on a
@@ -62,7 +62,7 @@ func firstReadAfterKill(t *testing.T, urls []string, replicas int) {
 	// Find the owner (the node the first write lands on).
 	var owner string
 	for i := 0; owner == ""; i++ {
-		r, err, _ := ingressKV(raw, addr, "set", "k=0", fmt.Sprintf("w-init-%d", i), 20*time.Second)
+		r, _, err := ingressKV(raw, addr, "set", "k=0", fmt.Sprintf("w-init-%d", i), 20*time.Second)
 		if err == nil && r.Header.Get("Mesh-Verdict") == "Accepted" {
 			owner = r.Header.Get("Mesh-Node")
 		}
@@ -84,7 +84,7 @@ func firstReadAfterKill(t *testing.T, urls []string, replicas int) {
 		go func() {
 			defer wg.Done()
 			for i := 1; !stop.Load(); i++ {
-				r, err, _ := ingressKV(raw, addr, "set", fmt.Sprintf("k%d=%d", w, i), fmt.Sprintf("w%d-%d", w, i), 20*time.Second)
+				r, _, err := ingressKV(raw, addr, "set", fmt.Sprintf("k%d=%d", w, i), fmt.Sprintf("w%d-%d", w, i), 20*time.Second)
 				if err == nil && r.Header.Get("Mesh-Verdict") == "Accepted" && w == 0 {
 					lastOK.Store(int64(i))
 				}
@@ -108,7 +108,7 @@ func firstReadAfterKill(t *testing.T, urls []string, replicas int) {
 	if err := raw.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	r, err, took := ingressKV(raw, addr, "get", "k0", "first-read", 60*time.Second)
+	r, took, err := ingressKV(raw, addr, "get", "k0", "first-read", 60*time.Second)
 	defer func() {
 		if t.Failed() {
 			for n, p := range nodes {

@@ -69,7 +69,7 @@ func TestRestartSupersedesOwnGeneration(t *testing.T) {
 	var addrs []subjects.Address
 	for i := 0; len(addrs) < 6; i++ {
 		addr := subjects.Address(fmt.Sprintf("kv/r%d", i))
-		r, err, _ := ingressKV(raw, addr, "set", "n=0", fmt.Sprintf("init-%d", i), 10*time.Second)
+		r, _, err := ingressKV(raw, addr, "set", "n=0", fmt.Sprintf("init-%d", i), 10*time.Second)
 		if err != nil || r.Header.Get("Mesh-Verdict") != "Accepted" {
 			t.Fatalf("first write to %s: %v %v", addr, err, r)
 		}
@@ -188,7 +188,7 @@ func TestRestartSupersedesOwnGeneration(t *testing.T) {
 	// later one whose outcome was unknown (then acknowledged by its resend
 	// or not).
 	for i, addr := range addrs {
-		r, err, _ := ingressKV(raw, addr, "get", "n", "final-"+string(addr), 10*time.Second)
+		r, _, err := ingressKV(raw, addr, "get", "n", "final-"+string(addr), 10*time.Second)
 		if err != nil || r.Header.Get("Mesh-Verdict") != "Accepted" {
 			t.Fatalf("read %s: %v %v", addr, err, r)
 		}
