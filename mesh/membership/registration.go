@@ -173,7 +173,10 @@ func (m *Membership) register(ctx context.Context) error {
 			if ok && old.Node.Generation >= gen {
 				gen = old.Node.Generation + 1
 			}
-			if ok && !m.cfg.Replace && old.Node != m.judged {
+			if ok && !m.cfg.Replace && old.Node != m.judged && old.Node != m.Self().Node {
+				// Neither the entry checkName judged nor one this Join
+				// wrote (an attempt whose reply was lost): another
+				// process registered meanwhile.
 				return errRecheck
 			}
 			supersedes = 0
