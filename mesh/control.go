@@ -68,6 +68,9 @@ type NodeStatus struct {
 	// node-only type (the sync-stream protocol's) or an internal kind, or
 	// for carrying Nats-Request-Info more than once.
 	IngressNodeOnly int64 `json:"ingress_node_only"`
+	// IngressShares are the fair shares of the ingress slots and
+	// placement waits (NodeConfig.IngressCallerShare).
+	IngressShares IngressShares `json:"ingress_shares"`
 	// With membership: the registry as this node sees it, departures of
 	// other generations it observed, times it was fenced and rejoined, and
 	// the addresses it holds claims on.
@@ -121,7 +124,8 @@ func (n *Node) Status() NodeStatus {
 		Prefix: string(n.prefix), Version: Version, Build: buildinfo.Read().Short(), Started: n.started, Kinds: kinds,
 		Draining: n.draining.Load(), Host: hs, Client: n.Client.Stats(),
 		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(), IngressRefused: n.badReplies.Load(), IngressNodeOnly: n.refusedNodeOnly.Load(),
-		Membership: n.membershipStatus(),
+		IngressShares: n.ingressShares(),
+		Membership:    n.membershipStatus(),
 	}
 }
 

@@ -17,7 +17,9 @@ import (
 const IngressQueueGroup = "natsmesh-ingress"
 
 // DefaultIngressConcurrency bounds the ingress deliveries one node forwards
-// at once; beyond it the ingress answers Ignored (verdict.ErrInboxFull).
+// at once; beyond it, or beyond the caller's fair share of it
+// (ingress_fair.go, NodeConfig.IngressCallerShare), the ingress answers
+// Ignored (verdict.ErrInboxFull).
 const DefaultIngressConcurrency = 4096
 
 // serveIngress subscribes <prefix>.in.*.* in the ingress queue group: any
@@ -45,33 +47,34 @@ func (n *Node) ingress(m *nats.Msg) {
 		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: err.Error()}, nil)
 		return
 	}
-	select {
-	case n.ingressSem <- struct{}{}:
-	default:
-		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full", n.ID()), nil)
-		return
-	}
-	if !n.enterIngress() {
-		<-n.ingressSem
-		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonHubShuttingDown, "node %s is stopping: its ingress is closed", n.cfg.Name), nil)
-		return
-	}
-	go func() {
-		defer n.ingressWG.Done()
-		defer func() { <-n.ingressSem }()
-		n.forward(m, addr, stream)
-	}()
-}
-
-func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Stream) {
-	h := m.Header
 	caller, ok := n.callerOf(m)
 	if !ok {
 		n.refusedNodeOnly.Add(1)
 		n.answerIngress(m, "", "", verdict.New(verdict.ReasonBadRequest, "header %s given more than once: one identity per request", HeaderRequestInfo), nil)
 		return
 	}
-	d := Delivery{To: addr, Stream: stream, Payload: m.Data, caller: caller}
+	if !n.ingressPool.acquire(caller) {
+		n.ingressShareRefused.Add(1)
+		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full for this caller (its share: %d of %d slots)", n.ID(), n.ingressPool.share, n.ingressPool.total), nil)
+		return
+	}
+	slot := &ingressSlot{n: n, caller: caller, ingress: true}
+	if !n.enterIngress() {
+		slot.release()
+		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonHubShuttingDown, "node %s is stopping: its ingress is closed", n.cfg.Name), nil)
+		return
+	}
+	go func() {
+		defer n.ingressWG.Done()
+		defer slot.release()
+		n.forward(m, addr, stream, slot)
+	}()
+}
+
+func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Stream, slot *ingressSlot) {
+	h := m.Header
+	caller := slot.caller
+	d := Delivery{To: addr, Stream: stream, Payload: m.Data, caller: caller, unplaced: slot.unplaced}
 	if h != nil {
 		d.ID = h.Get(hub.HeaderID)
 		if _, set := h[hub.HeaderID]; set && d.ID == "" {
@@ -138,7 +141,11 @@ func nodeOf(r Receipt) string {
 func (n *Node) answerIngress(m *nats.Msg, id, node string, err error, payload []byte) {
 	if m.Reply == "" {
 		if err != nil {
-			n.log.Warn("ingress delivery failed; the client asked no reply", "subject", m.Subject, "err", err)
+			// Logged at the first and every power of two: a flood of
+			// fire-and-forget deliveries must not flood the log.
+			if c := n.unanswered.Add(1); c&(c-1) == 0 {
+				n.log.Warn("ingress delivery failed; the client asked no reply", "subject", m.Subject, "err", err, "failed_unanswered_total", c)
+			}
 		}
 		return
 	}
