@@ -42,6 +42,17 @@ func (n *Node) ingress(m *nats.Msg) {
 	if m.Reply != "" && !n.safeReply(m.Reply) {
 		return
 	}
+	if m.Reply != "" {
+		if why := n.replyRule(m.Reply); why != "" {
+			// Dropped unanswered: the only place to answer is the
+			// refused reply itself.
+			n.badReplies.Add(1)
+			if c := n.inboxReplies.Add(1); c&(c-1) == 0 {
+				n.log.Warn("ingress request dropped: its reply is under an inbox that is not the caller's own (SECURITY.md, reply rules)", "reply", m.Reply, "rule", why, "refused_total", c)
+			}
+			return
+		}
+	}
 	addr, stream, err := n.prefix.ParseIngress(m.Subject)
 	if err != nil {
 		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: err.Error()}, nil)

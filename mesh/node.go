@@ -62,6 +62,14 @@ type NodeConfig struct {
 	// identity from (DESIGN §10; SECURITY.md): the dedupe window and kept
 	// answers are per (caller, delivery ID). Zero means CallerFromInbox.
 	CallerIdentity CallerIdentity
+	// ClientInboxes are the inbox prefixes of the account's client users,
+	// one per user (profiles.Mesh.ClientInbox, e.g. "_INBOX.alice"), for
+	// the reply rules of CallerFromInbox mode (SECURITY.md): the ingress
+	// refuses a reply under one of them that is not that prefix plus one
+	// or two tokens (nats.go's shapes), so a caller cannot name another
+	// user's inbox while keeping a scope of its own. Nil: only the nodes'
+	// inbox is refused.
+	ClientInboxes []string
 	// IngressConcurrency bounds ingress deliveries forwarded at once;
 	// zero means DefaultIngressConcurrency (4096).
 	IngressConcurrency int
@@ -165,6 +173,7 @@ type Node struct {
 	placementPool           *fairPool      // slots of ingress deliveries waiting for placement
 	ingressShareRefused     atomic.Int64   // ingress deliveries answered Ignored: the pool or the caller's share was full
 	ingressPlacementRefused atomic.Int64   // ingress deliveries failed at once: no placement wait left for their caller
+	inboxReplies            atomic.Int64   // ingress requests refused by the reply rules (replyRule)
 	unanswered              atomic.Int64   // fire-and-forget ingress deliveries that failed (logged at powers of two)
 	ingressMu               sync.Mutex     // orders enterIngress against stopIngress
 	ingressShut             bool           // stopIngress ran: no forward is registered any more (guarded by ingressMu)
@@ -211,6 +220,11 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	}
 	if err := cfg.Prefix.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	for _, in := range cfg.ClientInboxes {
+		if !cfg.Prefix.SafeReply(in) || in == cfg.Prefix.NodeInbox() || strings.HasPrefix(in, cfg.Prefix.NodeInbox()+".") {
+			return nil, fmt.Errorf("%w: client inbox prefix %q: want a literal subject outside $, the prefix and the nodes' inbox", ErrInvalidConfig, in)
+		}
 	}
 	if cfg.IngressConcurrency <= 0 {
 		cfg.IngressConcurrency = DefaultIngressConcurrency
