@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
@@ -64,11 +65,19 @@ func (n *Node) ingress(m *nats.Msg) {
 		n.answerIngress(m, "", "", verdict.New(verdict.ReasonBadRequest, "header %s given more than once: one identity per request", HeaderRequestInfo), nil)
 		return
 	}
+	if n.rates != nil && !n.rates.allow(caller, time.Now()) {
+		n.ingressRateLimited.Add(1)
+		n.callerCounts.add(caller, func(c *IngressCaller) { c.RateLimited++ })
+		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonStormBreaker, "ingress of node %s: this caller is over its rate of %g deliveries/s", n.ID(), n.rates.rate), nil)
+		return
+	}
 	if !n.ingressPool.acquire(caller) {
 		n.ingressShareRefused.Add(1)
+		n.callerCounts.add(caller, func(c *IngressCaller) { c.ShareFull++ })
 		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full for this caller (its share: %d of %d slots)", n.ID(), n.ingressPool.share, n.ingressPool.total), nil)
 		return
 	}
+	n.callerCounts.add(caller, func(c *IngressCaller) { c.Taken++ })
 	slot := &ingressSlot{n: n, caller: caller, ingress: true}
 	if !n.enterIngress() {
 		slot.release()

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -164,5 +165,104 @@ func TestFairPool(t *testing.T) {
 	p.release("c")
 	if held, callers := p.usage(); held != 0 || callers != 0 {
 		t.Fatalf("usage after releases: %d held by %d callers", held, callers)
+	}
+}
+
+// TestIngressCallerRate: with a per-caller rate limit, a caller over its
+// rate is answered Ignored (storm-breaker) and counted, and another
+// caller's deliveries are still Accepted. The status lists both callers.
+func TestIngressCallerRate(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	n, err := NewNode(NodeConfig{Conn: nc, Name: "rated", IngressCallerRate: 1, IngressCallerBurst: 5, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	if err := n.Register("rec", rec.factory); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	hot := natstest.Connect(t, s, nats.CustomInboxPrefix("_INBOX.hot"))
+	var limited int
+	for i := range 20 {
+		m := nats.NewMsg(subjects.DefaultPrefix.Ingress("rec/hot", ""))
+		m.Header.Set(hub.HeaderID, fmt.Sprintf("hot-%d", i))
+		r, err := hot.RequestMsg(m, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := verdict.Decode(r.Header); err != nil {
+			if !errors.Is(err, verdict.ErrStormBreaker) || verdict.Classify(err) != verdict.Ignored {
+				t.Fatalf("hot caller's delivery %d: %v, want Ignored storm-breaker", i, err)
+			}
+			limited++
+		}
+	}
+	if limited == 0 {
+		t.Fatal("20 deliveries at once, a rate of 1/s with a burst of 5: none limited")
+	}
+	victimAccepted(t, natstest.Connect(t, s), 5)
+	st := n.Status().IngressShares
+	if st.RateLimited != int64(limited) {
+		t.Errorf("RateLimited %d, want %d", st.RateLimited, limited)
+	}
+	byCaller := map[string]IngressCaller{}
+	for _, c := range st.Busiest {
+		byCaller[c.Caller] = c
+	}
+	if c := byCaller["inbox:_INBOX.hot"]; c.RateLimited != int64(limited) || c.Taken != int64(20-limited) {
+		t.Errorf("hot caller's counts %+v (all %+v)", c, st.Busiest)
+	}
+	if c := byCaller["inbox:_INBOX"]; c.Taken != 5 {
+		t.Errorf("victim's counts %+v (all %+v)", c, st.Busiest)
+	}
+}
+
+// TestCallerRatesBounded: made-up callers beyond the tracked bound share
+// one bucket; idle callers are forgotten to make room.
+func TestCallerRatesBounded(t *testing.T) {
+	r := newCallerRates(1, 1)
+	now := time.Unix(0, 0)
+	for i := range maxRateCallers {
+		if !r.allow(fmt.Sprint(i), now) {
+			t.Fatalf("caller %d's first delivery refused", i)
+		}
+	}
+	if !r.allow("new-1", now) || r.allow("new-2", now) {
+		t.Fatal("untracked callers do not share one bucket")
+	}
+	if len(r.m) > maxRateCallers {
+		t.Fatalf("%d callers tracked", len(r.m))
+	}
+	later := now.Add(2 * time.Second) // every bucket refilled: idle
+	if !r.allow("new-3", later) || len(r.m) != 1 {
+		t.Fatalf("idle callers not forgotten: %d tracked", len(r.m))
+	}
+}
+
+// TestCallerCountsBounded: the counts name at most maxCountedCallers
+// callers and list at most MaxListedCallers, the rest as OtherCallers.
+func TestCallerCountsBounded(t *testing.T) {
+	var c callerCounts
+	for i := range maxCountedCallers + 10 {
+		c.add(fmt.Sprint(i), func(e *IngressCaller) { e.Taken++ })
+	}
+	if len(c.m) != maxCountedCallers+1 { // and OtherCallers
+		t.Fatalf("%d callers counted by name", len(c.m))
+	}
+	list := c.busiest()
+	if len(list) != MaxListedCallers || list[len(list)-1].Caller != OtherCallers {
+		t.Fatalf("listed %d, last %+v", len(list), list[len(list)-1])
+	}
+	var sum int64
+	for _, e := range list {
+		sum += e.Taken
+	}
+	if sum != maxCountedCallers+10 {
+		t.Fatalf("listed counts sum to %d", sum)
 	}
 }

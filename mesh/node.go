@@ -62,6 +62,16 @@ type NodeConfig struct {
 	// identity from (DESIGN §10; SECURITY.md): the dedupe window and kept
 	// answers are per (caller, delivery ID). Zero means CallerFromInbox.
 	CallerIdentity CallerIdentity
+	// IngressCallerRate, if positive, limits each caller's ingress
+	// deliveries to that many per second (a token bucket holding
+	// IngressCallerBurst); one over it is answered Ignored
+	// (verdict.ErrStormBreaker) before anything is sent. Zero means no
+	// limit. At most 4096 callers are tracked one by one; beyond, new
+	// callers share one bucket (ingress_fair.go).
+	IngressCallerRate float64
+	// IngressCallerBurst is the bucket of IngressCallerRate, in
+	// deliveries; zero means the rate (at least 1).
+	IngressCallerBurst int
 	// ClientInboxes are the inbox prefixes of the account's client users,
 	// one per user (profiles.Mesh.ClientInbox, e.g. "_INBOX.alice"), for
 	// the reply rules of CallerFromInbox mode (SECURITY.md): the ingress
@@ -169,10 +179,13 @@ type Node struct {
 	running bool
 
 	ingressSub              *nats.Subscription
-	ingressPool             *fairPool      // slots of forwarded ingress deliveries (ingress_fair.go)
-	placementPool           *fairPool      // slots of ingress deliveries waiting for placement
-	ingressShareRefused     atomic.Int64   // ingress deliveries answered Ignored: the pool or the caller's share was full
-	ingressPlacementRefused atomic.Int64   // ingress deliveries failed at once: no placement wait left for their caller
+	ingressPool             *fairPool    // slots of forwarded ingress deliveries (ingress_fair.go)
+	placementPool           *fairPool    // slots of ingress deliveries waiting for placement
+	ingressShareRefused     atomic.Int64 // ingress deliveries answered Ignored: the pool or the caller's share was full
+	ingressPlacementRefused atomic.Int64 // ingress deliveries failed at once: no placement wait left for their caller
+	rates                   *callerRates // nil: no per-caller rate limit
+	callerCounts            callerCounts
+	ingressRateLimited      atomic.Int64   // ingress deliveries answered Ignored: over their caller's rate
 	inboxReplies            atomic.Int64   // ingress requests refused by the reply rules (replyRule)
 	unanswered              atomic.Int64   // fire-and-forget ingress deliveries that failed (logged at powers of two)
 	ingressMu               sync.Mutex     // orders enterIngress against stopIngress
@@ -240,6 +253,7 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 		cfg: cfg, conn: cfg.Conn, prefix: cfg.Prefix, opts: opts, tracer: meshtrace.Tracer(cfg.TracerProvider),
 		log: cfg.Logger.With("node", cfg.Name), started: time.Now(),
 		ingressPool:   newFairPool(cfg.IngressConcurrency, cfg.IngressCallerShare),
+		rates:         newCallerRates(cfg.IngressCallerRate, cfg.IngressCallerBurst),
 		placementPool: newFairPool(cfg.IngressPlacementWaits, cfg.IngressPlacementWaits/DefaultIngressCallerShareDivisor),
 		kinds:         map[string]hub.Factory{},
 		ctx:           ctx, cancel: cancel,
