@@ -55,12 +55,16 @@ type Delivery struct {
 	// caller is the outside caller the ingress forwards for
 	// (hub.HeaderCaller); empty for the process's own deliveries.
 	caller string
-	// unplaced, if set, runs when an attempt first finds no live node
+	// placer, if set, is asked when an attempt first finds no live node
 	// hosting the kind; false fails the delivery at once with that
 	// verdict instead of waiting for placement (the ingress's bounded
 	// placement waits, ingress_fair.go).
-	unplaced func() bool
+	placer placer
 }
+
+// placer decides whether a delivery may wait for placement (Delivery's
+// placer).
+type placer interface{ unplaced() bool }
 
 // Receipt is the outcome of an accepted delivery.
 type Receipt struct {
@@ -551,7 +555,7 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			// typo in a kind must not cost the whole ladder.
 			now := c.opts.clock.Now()
 			if !placing {
-				if d.unplaced != nil && c.opts.placementWait > 0 && !d.unplaced() {
+				if d.placer != nil && c.opts.placementWait > 0 && !d.placer.unplaced() {
 					return Receipt{ID: d.ID, Attempts: attempt}, fmt.Errorf("%w (no placement wait left for this caller on the ingress: not waited for)", err)
 				}
 				unplaced, placing = now, true

@@ -94,7 +94,7 @@ func (n *Node) ingress(m *nats.Msg) {
 func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Stream, slot *ingressSlot) {
 	h := m.Header
 	caller := slot.caller
-	d := Delivery{To: addr, Stream: stream, Payload: m.Data, caller: caller, unplaced: slot.unplaced}
+	d := Delivery{To: addr, Stream: stream, Payload: m.Data, caller: caller, placer: slot}
 	if h != nil {
 		d.ID = h.Get(hub.HeaderID)
 		if _, set := h[hub.HeaderID]; set && d.ID == "" {
