@@ -17,7 +17,7 @@ import (
 )
 
 // TestIngressReplyRules (issue 22, Why 2; SECURITY.md "Reply rules"): a
-// caller with the client profile names as the reply of an ingress request
+// caller with the client (or operator) profile names as the reply of an ingress request
 // a subject under the nodes' own inbox, or under another client user's
 // inbox prefix in a shape that would give it a caller scope of its own
 // (bob's "_INBOX.bob" plus three tokens). The node drops the request
@@ -66,6 +66,7 @@ func TestIngressReplyRules(t *testing.T) {
 	}
 	alice := natstest.Connect(t, e.s, nats.UserInfo("alice", "alice-secret"), nats.CustomInboxPrefix("_INBOX.alice"))
 	mallory := e.attacker(t, "client")
+	operator := e.attacker(t, "operator")
 
 	for _, a := range []struct {
 		from  *nats.Conn
@@ -73,6 +74,7 @@ func TestIngressReplyRules(t *testing.T) {
 	}{
 		{mallory.nc, profiles.NodeInboxPrefix(p) + ".abcdef.1"},
 		{mallory.nc, profiles.NodeInboxPrefix(p)},
+		{operator.nc, profiles.NodeInboxPrefix(p) + ".abcdef.2"},
 		{alice, "_INBOX.bob.x.y.z"},
 	} {
 		m := &nats.Msg{Subject: p.Ingress("echo/rules", ""), Reply: a.reply, Header: nats.Header{}, Data: []byte("forged content")}
@@ -104,5 +106,5 @@ func TestIngressReplyRules(t *testing.T) {
 			t.Fatalf("reply %s: the node published %d message(s) there", a.reply, got)
 		}
 	}
-	natstest.Eventually(t, 5*time.Second, func() bool { return n.Status().IngressInboxRefused == 3 }, "refusals not counted: %+v", n.Status())
+	natstest.Eventually(t, 5*time.Second, func() bool { return n.Status().IngressInboxRefused == 4 }, "refusals not counted: %+v", n.Status())
 }
