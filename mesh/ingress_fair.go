@@ -16,8 +16,8 @@ import (
 // deliveries nobody can take cannot crowd out deliveries that are moving.
 //
 // In each pool a caller (mesh.CallerIdentity; every fire-and-forget delivery
-// is the one caller "anon") may hold up to its share; beyond its share it
-// may take a slot only while less than half of the pool is held. So one
+// is the one caller "anon") may take slots up to its share while any is
+// free; beyond its share only while less than half of the pool is held. So one
 // caller alone can use half the pool, and however hard it floods, the other
 // half stays for callers under their share: a flood makes only its own
 // deliveries Ignored (or, waiting for placement, Unavailable).

@@ -85,8 +85,9 @@ type NodeConfig struct {
 	IngressConcurrency int
 	// IngressCallerShare is how many of the IngressConcurrency slots one
 	// caller (CallerIdentity; all fire-and-forget deliveries are the one
-	// caller "anon") holds for sure; beyond it a caller takes a slot only
-	// while less than half of them are held, and is otherwise answered
+	// caller "anon") may take while any is free; beyond it a caller takes
+	// a slot only while less than half of them are held, and is otherwise
+	// answered
 	// Ignored (verdict.ErrInboxFull). Zero means IngressConcurrency /
 	// DefaultIngressCallerShareDivisor (256 of 4096), at least 1.
 	IngressCallerShare int
