@@ -87,8 +87,7 @@ type NodeConfig struct {
 	// caller (CallerIdentity; all fire-and-forget deliveries are the one
 	// caller "anon") may take while any is free; beyond it a caller takes
 	// a slot only while less than half of them are held, and is otherwise
-	// answered
-	// Ignored (verdict.ErrInboxFull). Zero means IngressConcurrency /
+	// answered Ignored (verdict.ErrInboxFull). Zero means IngressConcurrency /
 	// DefaultIngressCallerShareDivisor (256 of 4096), at least 1.
 	IngressCallerShare int
 	// IngressPlacementWaits bounds the ingress deliveries that wait for a
