@@ -169,6 +169,7 @@ func TestReminderAcrossOwnerSIGKILL(t *testing.T) {
 // restarted after the one-shot's due time: the one-shot fires once, late;
 // the interval resumes; each fire runs once.
 func TestReminderAcrossNATSServerRestart(t *testing.T) {
+	longTest(t)
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	startTestNodes(t, c.URL(), "sa", "sb")
