@@ -133,4 +133,5 @@ type entry struct {
 	// (HeaderLane); seq 0 means none.
 	epoch string
 	seq   uint64
+	grant int // seq 1: the window granted to its lane (HeaderWindow), 0 for none
 }

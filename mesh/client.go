@@ -745,7 +745,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 			c.replies.forget(w)
 			c.observeInFlight(c.inFlight.Add(-1))
 			<-c.sem
-			return c.legDone(d, f, node, published, reply, err, &accepted)
+			return c.legEnd(t, d, f, node, published, reply, err, &accepted)
 		case !handoff:
 			c.replies.forget(w)
 			return false, werr
@@ -805,7 +805,18 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	c.replies.forget(w)
 	c.observeInFlight(c.inFlight.Add(-1))
 	<-c.sem
-	return c.legDone(d, f, node, published, reply, err, &accepted)
+	return c.legEnd(t, d, f, node, published, reply, err, &accepted)
+}
+
+// legEnd is legDone, then the receiver's window grant in the reply of an
+// epoch's first leg is applied (outside the flight's lock: lock order is a
+// lane's mutex, then a flight's).
+func (c *Client) legEnd(t *laneTicket, d *Delivery, f *flight, node subjects.NodeID, published bool, reply *nats.Msg, err error, accepted *bool) (bool, error) {
+	published, err = c.legDone(d, f, node, published, reply, err, accepted)
+	if err == nil && reply != nil && t.first {
+		c.granted(t, reply)
+	}
+	return published, err
 }
 
 // legDone decodes the outcome of a leg that was published (or whose

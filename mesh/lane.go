@@ -7,6 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -28,6 +31,10 @@ func laneKeyOf(d *Delivery) LaneKey {
 // DefaultWindow is how many legs of one lane may be in flight at once
 // (DESIGN §4); 1 is stop-and-wait.
 const DefaultWindow = 32
+
+// MaxGrantedWindow caps the window a receiver's grant (hub.HeaderWindow)
+// gives a lane of a client without [WithWindow].
+const MaxGrantedWindow = 1024
 
 // Windowed lanes, the sending side (DESIGN §4, docs/protocol.md).
 //
@@ -69,6 +76,7 @@ type lane struct {
 	q     []*laneTicket // q[head:] in call order: every ticket not popped yet
 	head  int           // q[head] is the first unsettled ticket
 	epoch uint64        // the client's epoch counter value naming the lane's current run (newEpoch)
+	window int          // legs of the lane in flight at most: the client's, then its receiver's grant
 	seq   uint64        // the last sequence number used in epoch
 	qbuf  [4]*laneTicket
 	// The delivery subject of the lane's last leg and what it was built
@@ -112,6 +120,7 @@ type laneTicket struct {
 	l     *lane
 	state ticketState
 	epoch uint64        // the epoch of its last published leg
+	first bool          // its last leg was the first of its epoch (seq 1): its reply carries the grant
 	wake  chan struct{} // buffer 1: poked when it may have become the cursor
 	async *asyncCall    // a DeliverAsync delivery (async.go), whose goroutine starts when it may send
 	leg   *stagedLeg    // a prepared leg waiting for the cursor, published by whoever passes it on (stage)
@@ -145,8 +154,12 @@ func (l *lane) depth() int {
 
 // cursorLocked returns the index of the ticket that sends next, or -1.
 // Called with l.mu held.
-func (l *lane) cursorLocked() int {
-	for i := l.head; i < len(l.q); i++ {
+func (l *lane) cursorLocked() int { return l.cursorFromLocked(l.head) }
+
+// cursorFromLocked is cursorLocked for a caller that knows every ticket
+// from l.head up to from is settled or sent in the current epoch.
+func (l *lane) cursorFromLocked(from int) int {
+	for i := from; i < len(l.q); i++ {
 		t := l.q[i]
 		if t.state == ticketDone || t.state == ticketSent && t.epoch == l.epoch {
 			continue
@@ -178,9 +191,9 @@ func (l *lane) mayHoldLocked(t *laneTicket, window int) bool {
 // DeliverAsync delivery, its goroutine started) to send its leg itself.
 // Called with l.mu held.
 func (c *Client) pokeLocked(l *lane) {
-	window := c.opts.window
-	for {
-		i := l.cursorLocked()
+	window := l.window
+	for i := l.head; ; {
+		i = l.cursorFromLocked(i)
 		if i < 0 || i-l.head >= window || l.q[i].state != ticketPending {
 			return
 		}
@@ -193,6 +206,14 @@ func (c *Client) pokeLocked(l *lane) {
 			s.state = stagedHandoff // its caller sends it itself (no slot free, or a fact to report)
 		} else if j := t.async; j != nil && !j.started {
 			j.launchLocked()
+			// The DeliverAsync deliveries behind it within the window
+			// start too, so that they stage their legs meanwhile (at most
+			// W + 1 goroutines a lane still).
+			for k := i + 1; k < len(l.q) && k-l.head < window; k++ {
+				if j := l.q[k].async; j != nil && !j.started && l.q[k].state == ticketPending {
+					j.launchLocked()
+				}
+			}
 			return
 		}
 		wakeTicket(t)
@@ -219,7 +240,7 @@ func (c *Client) enqueueLane(key LaneKey, j *asyncCall) *laneTicket {
 	if l == nil {
 		l = lanePool.Get().(*lane)
 		l.mu.Lock()
-		l.key, l.epoch, l.seq = key, c.newEpoch(), 0
+		l.key, l.epoch, l.seq, l.window = key, c.newEpoch(), 0, c.opts.window
 		l.mu.Unlock()
 		c.lanes[key] = l
 	}
@@ -233,7 +254,7 @@ func (c *Client) enqueueLane(key LaneKey, j *asyncCall) *laneTicket {
 	l.q = append(l.q, t)
 	if j != nil {
 		j.t, j.l = t, l
-		if l.mayHoldLocked(t, c.opts.window) {
+		if l.mayHoldLocked(t, l.window) {
 			j.launchLocked()
 		}
 	}
@@ -262,12 +283,11 @@ func (c *Client) laneValue(epoch, seq uint64) string {
 // or verdict.ErrClosing, with t still in the lane (parked).
 func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicket) error {
 	l := t.l
-	w := c.opts.window
 	l.mu.Lock()
 	if t.state == ticketParked {
 		t.state = ticketPending
 	}
-	if l.mayHoldLocked(t, w) {
+	if l.mayHoldLocked(t, l.window) {
 		t.state = ticketHeld
 		l.mu.Unlock()
 		return nil
@@ -282,7 +302,7 @@ func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicke
 		select {
 		case <-t.wake:
 			l.mu.Lock()
-			if l.mayHoldLocked(t, w) {
+			if l.mayHoldLocked(t, l.window) {
 				t.state = ticketHeld
 				l.mu.Unlock()
 				return nil
@@ -349,6 +369,7 @@ func (c *Client) publishLocked(l *lane, t *laneTicket, lm *legMsg) error {
 		// it is in flight it stays the cursor, so nothing of the lane is
 		// published behind it before it settles; the next leg starts a
 		// new epoch. Its ticket is sent in no epoch (0).
+		t.first = false
 		err := c.cfg.Conn.PublishMsg(lm.ready())
 		if err != nil {
 			t.state = ticketParked
@@ -360,6 +381,7 @@ func (c *Client) publishLocked(l *lane, t *laneTicket, lm *legMsg) error {
 	}
 	l.seq++
 	epoch := l.epoch
+	t.first = l.seq == 1
 	lm.set(hdrLane, c.laneValue(epoch, l.seq))
 	err := c.cfg.Conn.PublishMsg(lm.ready())
 	if err != nil {
@@ -531,7 +553,7 @@ func (c *Client) stagedLocked(l *lane, t *laneTicket) (sent, handoff bool, perr 
 		t.leg = nil
 		return true, false, s.err
 	case stagedHandoff:
-		if l.mayHoldLocked(t, c.opts.window) {
+		if l.mayHoldLocked(t, l.window) {
 			t.leg = nil
 			t.state = ticketHeld
 			return false, true, nil
@@ -557,6 +579,28 @@ func (c *Client) legEnded(t *laneTicket) {
 	}
 	t.state = ticketParked
 	c.pokeLocked(l)
+	l.mu.Unlock()
+}
+
+// granted applies the receiver's window grant (hub.HeaderWindow) in reply,
+// the Accepted reply to t's leg, the first of its epoch: the lane's window
+// becomes the grant, capped by the client's.
+func (c *Client) granted(t *laneTicket, reply *nats.Msg) {
+	v, ok := reply.Header[hub.HeaderWindow]
+	if !ok || len(v) == 0 {
+		return
+	}
+	n, err := strconv.Atoi(v[0])
+	if err != nil || n < 1 {
+		return
+	}
+	n = min(n, c.opts.windowCap)
+	l := t.l
+	l.mu.Lock()
+	if l.window != n {
+		l.window = n
+		c.pokeLocked(l)
+	}
 	l.mu.Unlock()
 }
 
