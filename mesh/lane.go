@@ -72,13 +72,13 @@ const MaxGrantedWindow = 1024
 type lane struct {
 	key LaneKey
 
-	mu    sync.Mutex
-	q     []*laneTicket // q[head:] in call order: every ticket not popped yet
-	head  int           // q[head] is the first unsettled ticket
-	epoch uint64        // the client's epoch counter value naming the lane's current run (newEpoch)
-	window int          // legs of the lane in flight at most: the client's, then its receiver's grant
-	seq   uint64        // the last sequence number used in epoch
-	qbuf  [4]*laneTicket
+	mu     sync.Mutex
+	q      []*laneTicket // q[head:] in call order: every ticket not popped yet
+	head   int           // q[head] is the first unsettled ticket
+	epoch  uint64        // the client's epoch counter value naming the lane's current run (newEpoch)
+	window int           // legs of the lane in flight at most: the client's, then its receiver's grant
+	seq    uint64        // the last sequence number used in epoch
+	qbuf   [4]*laneTicket
 	// The delivery subject of the lane's last leg and what it was built
 	// from (deliverySubject): a lane's legs go to one owner, so it is
 	// built once per lane and owner, and a pooled lane reused for the same
