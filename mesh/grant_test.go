@@ -109,7 +109,10 @@ func TestLaneTakesGrantedWindow(t *testing.T) {
 			s := natstest.RunServer(t)
 			node := subjects.NodeID{Name: "fake", Generation: 1}
 			g := newGrantHub(t, natstest.Connect(t, s), node, tc.grant)
-			c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: node}, tc.opts...)
+			// Legs are held for as long as the test looks: no leg may
+			// time out meanwhile, however loaded the machine.
+			opts := append([]Option{WithLegTimeout(2 * time.Minute), WithRequestTimeout(4 * time.Minute), WithSaturationThreshold(0)}, tc.opts...)
+			c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: node}, opts...)
 			const total = 400
 			var chans []<-chan Result
 			for i := range total {
@@ -141,7 +144,7 @@ func TestLaneTakesGrantedWindow(t *testing.T) {
 			settle := func() int {
 				t.Helper()
 				var n int
-				natstest.Eventually(t, 10*time.Second, func() bool {
+				natstest.Eventually(t, time.Minute, func() bool {
 					held, _ := g.heldNow()
 					_, full, sent := window()
 					n = sent

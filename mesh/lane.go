@@ -78,6 +78,11 @@ type lane struct {
 	epoch  uint64        // the client's epoch counter value naming the lane's current run (newEpoch)
 	window int           // legs of the lane in flight at most: the client's, then its receiver's grant
 	seq    uint64        // the last sequence number used in epoch
+	// Every ticket in q[head:scan] is settled or sent in epoch scanEpoch:
+	// while that is still the lane's epoch, the cursor is at scan or after
+	// it (cursorLocked), so finding it costs nothing per settled leg.
+	scan      int
+	scanEpoch uint64
 	qbuf   [4]*laneTicket
 	// The delivery subject of the lane's last leg and what it was built
 	// from (deliverySubject): a lane's legs go to one owner, so it is
@@ -157,15 +162,24 @@ func (l *lane) depth() int {
 func (l *lane) cursorLocked() int { return l.cursorFromLocked(l.head) }
 
 // cursorFromLocked is cursorLocked for a caller that knows every ticket
-// from l.head up to from is settled or sent in the current epoch.
+// from l.head up to from is settled or sent in the current epoch. It starts
+// at the lane's scan mark when that is further and still of this epoch: a
+// ticket before the cursor leaves that state only when the epoch breaks
+// (a sent leg that ends unaccepted) or the queue is compacted (the mark is
+// reset).
 func (l *lane) cursorFromLocked(from int) int {
+	if l.scanEpoch == l.epoch && l.scan > from {
+		from = l.scan
+	}
 	for i := from; i < len(l.q); i++ {
 		t := l.q[i]
 		if t.state == ticketDone || t.state == ticketSent && t.epoch == l.epoch {
 			continue
 		}
+		l.scan, l.scanEpoch = i, l.epoch
 		return i
 	}
+	l.scan, l.scanEpoch = len(l.q), l.epoch
 	return -1
 }
 
@@ -240,7 +254,7 @@ func (c *Client) enqueueLane(key LaneKey, j *asyncCall) *laneTicket {
 	if l == nil {
 		l = lanePool.Get().(*lane)
 		l.mu.Lock()
-		l.key, l.epoch, l.seq, l.window = key, c.newEpoch(), 0, c.opts.window
+		l.key, l.epoch, l.seq, l.window, l.scan = key, c.newEpoch(), 0, c.opts.window, 0
 		l.mu.Unlock()
 		c.lanes[key] = l
 	}
@@ -624,12 +638,12 @@ func (c *Client) finishLane(t *laneTicket, accepted bool) {
 	}
 	empty := l.head == len(l.q)
 	if empty {
-		l.q, l.head = l.q[:0], 0
+		l.q, l.head, l.scan = l.q[:0], 0, 0
 	} else {
 		if l.head > 64 && l.head*2 > len(l.q) {
 			n := copy(l.q, l.q[l.head:])
 			clear(l.q[n:])
-			l.q, l.head = l.q[:n], 0
+			l.q, l.head, l.scan = l.q[:n], 0, 0
 		}
 		c.pokeLocked(l)
 	}
