@@ -83,7 +83,7 @@ type lane struct {
 	// it (cursorLocked), so finding it costs nothing per settled leg.
 	scan      int
 	scanEpoch uint64
-	qbuf   [4]*laneTicket
+	qbuf      [4]*laneTicket
 	// The delivery subject of the lane's last leg and what it was built
 	// from (deliverySubject): a lane's legs go to one owner, so it is
 	// built once per lane and owner, and a pooled lane reused for the same
