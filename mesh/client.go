@@ -55,6 +55,13 @@ type Delivery struct {
 	// caller is the outside caller the ingress forwards for
 	// (hub.HeaderCaller); empty for the process's own deliveries.
 	caller string
+	// reminder and due make the delivery a reminder's fire
+	// (hub.HeaderReminder, hub.HeaderReminderDue); set only by the
+	// node's reminder runner.
+	reminder, due string
+	// chain is the call chain of a Request sent from a hub's turn
+	// (hub.HeaderChain); empty otherwise.
+	chain string
 }
 
 // Receipt is the outcome of an accepted delivery.
@@ -714,6 +721,14 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	}
 	if d.caller != "" {
 		lm.set(hdrCaller, d.caller)
+	}
+	if d.chain != "" {
+		lm.header().Set(hub.HeaderChain, d.chain)
+	}
+	if d.reminder != "" {
+		h := lm.header()
+		h.Set(hub.HeaderReminder, d.reminder)
+		h.Set(hub.HeaderReminderDue, d.due)
 	}
 	if c.opts.tracer != nil {
 		meshtrace.Inject(ctx, lm.header()) // the delivery's span: the same across its attempts

@@ -13,6 +13,7 @@ import (
 	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -72,6 +73,9 @@ type NodeStatus struct {
 	// other generations it observed, times it was fenced and rejoined, and
 	// the addresses it holds claims on.
 	Membership *MembershipStatus `json:"membership,omitempty"`
+	// Reminders counts the reminder fires this node's runner delivered,
+	// dropped (cancelled or replaced), retried and recorded as failed.
+	Reminders reminders.RunnerStats `json:"reminders"`
 }
 
 // MembershipStatus is a node's view of the membership.
@@ -121,7 +125,7 @@ func (n *Node) Status() NodeStatus {
 		Prefix: string(n.prefix), Version: Version, Build: buildinfo.Read().Short(), Started: n.started, Kinds: kinds,
 		Draining: n.draining.Load(), Host: hs, Client: n.Client.Stats(),
 		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(), IngressRefused: n.badReplies.Load(), IngressNodeOnly: n.refusedNodeOnly.Load(),
-		Membership: n.membershipStatus(),
+		Membership: n.membershipStatus(), Reminders: n.ReminderStats(),
 	}
 }
 
@@ -203,6 +207,7 @@ func (n *Node) serveControl() error {
 		{ControlPing, func(r micro.Request) { respond(r, n.Status()) }},
 		{ControlStats, func(r micro.Request) { respond(r, n.Status()) }},
 		{ControlHubs, func(r micro.Request) { respond(r, n.Hubs()) }},
+		{ControlReminders, n.serveReminders},
 		{ControlDrain, func(r micro.Request) {
 			respond(r, DrainReply{Node: n.ID().String(), Draining: true})
 			go n.onDrain()

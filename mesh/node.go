@@ -20,6 +20,7 @@ import (
 	"github.com/natsmesh/natsmesh/internal/meshtrace"
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -131,6 +132,17 @@ type MembershipConfig struct {
 	// DisableState opens no state bucket: hub.LoadState fails with
 	// hub.ErrNoStateStore (the kv kind then keeps its map in memory only).
 	DisableState bool
+	// DisableReminders opens no reminders stream and runs no reminder
+	// runner (DESIGN §13, package mesh/reminders): Node.Reminders is nil.
+	DisableReminders bool
+	// ReminderReplicas is the replica count of the reminders stream and
+	// its consumer, used by the node that creates them; zero means
+	// StateReplicas, then Replicas. Use 3 on a 3-server cluster.
+	ReminderReplicas int
+	// ReminderAckWait is how long a fire held by a node that went silent
+	// waits before another node delivers it; zero means
+	// reminders.DefaultAckWait (10 s). The last node to start sets it.
+	ReminderAckWait time.Duration
 }
 
 // Node is one mesh process: a hub host that receives deliveries for its node
@@ -150,12 +162,14 @@ type Node struct {
 	// announcements never overtake one another with an older list.
 	kindsMu sync.Mutex
 
-	mu      sync.RWMutex
-	inc     *session       // the current session: everything stamped with the generation
-	ended   hub.Stats      // the counters of the sessions that ended (addStats), so the node's never go back
-	state   hub.StateStore // durable hub state, opened at the first join
-	kinds   map[string]hub.Factory
-	running bool
+	mu        sync.RWMutex
+	inc       *session          // the current session: everything stamped with the generation
+	ended     hub.Stats         // the counters of the sessions that ended (addStats), so the node's never go back
+	state     hub.StateStore    // durable hub state, opened at the first join
+	rem       *reminders.Store  // the reminders stream, opened at the first join (nil: none)
+	remRunner *reminders.Runner // delivers this node's share of the fires (nil: none)
+	kinds     map[string]hub.Factory
+	running   bool
 
 	ingressSub      *nats.Subscription
 	ingressSem      chan struct{}
@@ -465,6 +479,10 @@ func (n *Node) Start() error {
 		n.inc = inc
 		n.mu.Unlock()
 		n.installKinds()
+		if err := n.startReminders(ctx); err != nil {
+			n.Close()
+			return fmt.Errorf("mesh: reminders: %w", err)
+		}
 		n.wg.Add(1)
 		go n.fencing()
 	} else if err := n.current().host.Start(); err != nil {
@@ -514,6 +532,7 @@ func (n *Node) Drain(ctx context.Context) error {
 func (n *Node) drain(ctx context.Context) error {
 	n.draining.Store(true)
 	n.stopIngress()
+	n.stopReminders() // fires under way go back to the other nodes
 	n.Client.stopNew()
 	inc := n.current()
 	if inc != nil && inc.members != nil {
@@ -569,6 +588,7 @@ const answersGrace = 200 * time.Millisecond
 func (n *Node) Close() error {
 	n.draining.Store(true)
 	n.stopServing()
+	n.stopReminders()
 	n.cancel()
 	n.wg.Wait()
 	if inc := n.current(); inc != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/hubstate"
 	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -171,6 +172,26 @@ func kvWrite(bucket string) []string {
 	}
 }
 
+// reminderStream is what a node needs of the reminders stream (package
+// mesh/reminders): bind and create it, read schedules (direct get, list by
+// stream info), create and pull from its one durable consumer, and
+// acknowledge fires. Its subjects are under <prefix>., which nodes publish
+// to anyway. Not purge, delete or update: Cancel writes a tombstone.
+func reminderStream(stream string) []string {
+	c := stream + "." + reminders.ConsumerName
+	return []string{
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.STREAM.CREATE." + stream,
+		"$JS.API.STREAM.MSG.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream + ".>",
+		"$JS.API.CONSUMER.CREATE." + c + ".>", // create or update, with its filter
+		"$JS.API.CONSUMER.INFO." + c,
+		"$JS.API.CONSUMER.MSG.NEXT." + c, // pull
+		"$JS.ACK." + c + ".>",            // ack, nak, in progress, term
+	}
+}
+
 // kvRead is a read of a KV bucket: bind it and get keys. It creates no
 // consumer: a push consumer delivers to any subject its creator names,
 // which would let a reader make the server publish where the reader may
@@ -198,6 +219,7 @@ func Node(m Mesh) Permissions {
 	pub = append(pub, kvWrite(membership.BucketName(m.Prefix))...)
 	pub = append(pub, kvWrite(directory.BucketName(m.Prefix))...)
 	pub = append(pub, kvWrite(hubstate.BucketName(m.Prefix))...)
+	pub = append(pub, reminderStream(reminders.StreamName(m.Prefix))...)
 	pub = append(pub, "$SRV.>", m.ClientInbox+".>", NodeInboxPrefix(m.Prefix)+".>")
 	if m.OperatorInbox != m.ClientInbox {
 		pub = append(pub, m.OperatorInbox+".>")

@@ -392,6 +392,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newDrainCmd(g),
 		newBenchCmd(g),
 		newStateCmd(g),
+		newRemindersCmd(g),
 	)
 	return root
 }
