@@ -62,7 +62,16 @@ type Delivery struct {
 	// chain is the call chain of a Request sent from a hub's turn
 	// (hub.HeaderChain); empty otherwise.
 	chain string
+	// placer, if set, is asked when an attempt first finds no live node
+	// hosting the kind; false fails the delivery at once with that
+	// verdict instead of waiting for placement (the ingress's bounded
+	// placement waits, ingress_fair.go).
+	placer placer
 }
+
+// placer decides whether a delivery may wait for placement (Delivery's
+// placer).
+type placer interface{ unplaced() bool }
 
 // Receipt is the outcome of an accepted delivery.
 type Receipt struct {
@@ -561,6 +570,9 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			// typo in a kind must not cost the whole ladder.
 			now := c.opts.clock.Now()
 			if !placing {
+				if d.placer != nil && c.opts.placementWait > 0 && !d.placer.unplaced() {
+					return Receipt{ID: d.ID, Attempts: attempt}, fmt.Errorf("%w (no placement wait left for this caller on the ingress: not waited for)", err)
+				}
 				unplaced, placing = now, true
 			}
 			left := c.opts.placementWait - now.Sub(unplaced)
