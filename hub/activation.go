@@ -88,6 +88,11 @@ func (a *activation) enqueue(e *entry, startTurn bool) error {
 	if len(a.queue)-a.head >= a.host.cfg.InboxSize {
 		return verdict.New(verdict.ReasonInboxFull, "inbox of %s is full (%d deliveries)", a.addr, a.host.cfg.InboxSize)
 	}
+	if e.seq == 1 {
+		// An epoch starts: grant its lane what the inbox has room for.
+		free := a.host.cfg.InboxSize - (len(a.queue) - a.head) - 1
+		e.grant = max(1, min(a.host.cfg.LaneWindow, free/2))
+	}
 	if a.head > 0 && a.head == len(a.queue) {
 		clear(a.queue)
 		a.queue, a.head = a.queue[:0], 0

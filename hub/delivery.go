@@ -143,6 +143,7 @@ type entry struct {
 	// (HeaderLane); seq 0 means none.
 	epoch string
 	seq   uint64
+	grant int // seq 1: the window granted to its lane (HeaderWindow), 0 for none
 	// reentrant: its chain names its own address and it runs at once
 	// beside the waiting turn of that chain (chain.go).
 	reentrant bool

@@ -34,6 +34,7 @@ const (
 	DefaultParkPerAddress   = 256
 	DefaultParkBacklog      = 16384
 	DefaultClaimConcurrency = 128
+	DefaultLaneWindow       = 256
 )
 
 // Config holds a Host's settings. Conn and Node are required; every zero
@@ -50,6 +51,11 @@ type Config struct {
 	// arriving at a full inbox is refused Ignored (verdict.ErrInboxFull).
 	// Zero means DefaultInboxSize.
 	InboxSize int
+	// LaneWindow is the most legs of one sending lane the intake grants in
+	// flight at once (HeaderWindow), in deliveries; the grant is smaller
+	// while the activation's inbox is filling (half its free room). Zero
+	// means DefaultLaneWindow; at most InboxSize and MaxWindow.
+	LaneWindow int
 	// DedupeWindow is how many accepted delivery IDs the node remembers;
 	// zero means DefaultDedupeWindow.
 	DedupeWindow int
@@ -131,6 +137,13 @@ func (c *Config) validate() error {
 	if c.DedupeWindow == 0 {
 		c.DedupeWindow = DefaultDedupeWindow
 	}
+	if c.LaneWindow < 0 {
+		return fmt.Errorf("%w: negative LaneWindow", ErrInvalidConfig)
+	}
+	if c.LaneWindow == 0 {
+		c.LaneWindow = DefaultLaneWindow
+	}
+	c.LaneWindow = min(c.LaneWindow, c.InboxSize, MaxWindow)
 	if c.DedupeResponseBytes == 0 {
 		c.DedupeResponseBytes = DefaultDedupeResponseBytes
 	}

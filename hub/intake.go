@@ -172,6 +172,10 @@ func (h *Host) duplicate(m *nats.Msg, e *entry, r *record) {
 func (h *Host) answerAccepted(m *nats.Msg, e *entry) {
 	h.accepted.Add(1)
 	if e.replied.CompareAndSwap(false, true) {
+		if e.grant > 0 {
+			h.replyGrant(m, e.grant)
+			return
+		}
 		h.reply(m, nil)
 	} else {
 		// Failed after acceptance but before this reply: the failure is
@@ -303,6 +307,22 @@ func (h *Host) reply(m *nats.Msg, err error) {
 		verdict.Encode(r.Header, err, h.nodeID)
 	}
 	if perr := h.cfg.Conn.PublishMsg(r); perr != nil {
+		h.log.Warn("reply failed", "subject", m.Subject, "err", perr)
+	}
+}
+
+// replyGrant answers Accepted with the lane's window grant (HeaderWindow):
+// the reply to the first leg of a lane's epoch.
+func (h *Host) replyGrant(m *nats.Msg, grant int) {
+	if h.tracer != nil {
+		h.endIntake(m, nil)
+	}
+	hdr := make(nats.Header, len(h.acceptedHdr)+1)
+	for k, v := range h.acceptedHdr {
+		hdr[k] = v
+	}
+	hdr[HeaderWindow] = []string{strconv.Itoa(grant)}
+	if perr := h.cfg.Conn.PublishMsg(&nats.Msg{Subject: m.Reply, Header: hdr}); perr != nil {
 		h.log.Warn("reply failed", "subject", m.Subject, "err", perr)
 	}
 }

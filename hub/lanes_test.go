@@ -1,12 +1,16 @@
 package hub
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
@@ -108,5 +112,80 @@ func TestLaneStateBound(t *testing.T) {
 	}
 	if evicted != 10 {
 		t.Errorf("%d lanes refused as evicted, want 10", evicted)
+	}
+}
+
+// TestLaneWindowGrant: the Accepted reply to an epoch's first leg carries
+// the lane's window grant (HeaderWindow): Config.LaneWindow while the inbox
+// is roomy, half its free room while it fills, at least 1; no other reply
+// carries it.
+func TestLaneWindowGrant(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	release := make(chan struct{})
+	h, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "g", Generation: 1}, InboxSize: 40, LaneWindow: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{}, 1)
+	if err := h.Register("slow", func(context.Context, subjects.Address) (Hub, error) {
+		return HandlerFunc(func(context.Context, *Delivery) error {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			<-release
+			return nil
+		}), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { close(release); h.Close() })
+	subj := h.cfg.Prefix.Delivery(h.Node(), "slow/a", "")
+	n := 0
+	grant := func(lane string) string {
+		t.Helper()
+		n++
+		m := nats.NewMsg(subj)
+		m.Header.Set(HeaderID, fmt.Sprintf("g-%d", n))
+		m.Header.Set(HeaderSender, "snd.1")
+		if lane != "" {
+			m.Header.Set(HeaderLane, lane)
+		}
+		r, err := nc.RequestMsg(m, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := verdict.Decode(r.Header); err != nil {
+			t.Fatalf("%s: %v", lane, err)
+		}
+		return r.Header.Get(HeaderWindow)
+	}
+	if g := grant(""); g != "" {
+		t.Errorf("a leg without a lane: grant %q", g)
+	}
+	<-started // the handler holds its first delivery: the inbox fills from here
+	if g := grant("e1/1"); g != "16" {
+		t.Errorf("roomy inbox: grant %q, want 16 (LaneWindow)", g)
+	}
+	if g := grant("e1/2"); g != "" {
+		t.Errorf("seq 2: grant %q, want none", g)
+	}
+	for i := 3; i <= 30; i++ {
+		grant(fmt.Sprintf("e1/%d", i))
+	}
+	// 31 in the inbox of 40 (the running one counts until it returns):
+	// this leg's own place aside, the free room is 8 → grant 4.
+	if g := grant("e2/1"); g != "4" {
+		t.Errorf("filling inbox: grant %q, want 4", g)
+	}
+	for i := 2; i <= 7; i++ {
+		grant(fmt.Sprintf("e2/%d", i))
+	}
+	if g := grant("e3/1"); g != "1" { // 38 in it: free room 1 → at least 1
+		t.Errorf("full but two: grant %q, want 1", g)
 	}
 }

@@ -43,6 +43,14 @@ const (
 	// delivery without it (one leg at a time, like `nats req`) is not
 	// sequence-checked.
 	HeaderLane = "Mesh-Lane"
+	// HeaderWindow, on the Accepted reply to the first leg of a lane's
+	// epoch (HeaderLane seq 1), is the receiver's grant: how many legs of
+	// that lane it takes in flight at once, a decimal 1-[MaxWindow]. The
+	// sender sizes the lane's window from it (never above its own cap);
+	// absent, the sender keeps the window it has. The grant is what the
+	// activation's inbox has room for when the epoch starts: half its free
+	// room, at most Config.LaneWindow, at least 1.
+	HeaderWindow = "Mesh-Window"
 	// HeaderCaller is the caller identity the ingress node established
 	// for a delivery it forwards from an outside client (DESIGN §10): from
 	// the server-stamped Nats-Request-Info in the multi-account setup, or
@@ -79,6 +87,8 @@ const (
 	MaxTypeLen = 256
 	// MaxEpochLen bounds the epoch of a HeaderLane value.
 	MaxEpochLen = 64
+	// MaxWindow bounds a HeaderWindow grant.
+	MaxWindow = 4096
 	// MaxCallerLen bounds a HeaderCaller value.
 	MaxCallerLen = 512
 )

@@ -30,6 +30,12 @@ func TestLateVerdictBeforeKey(t *testing.T) {
 		late[v.ID] = v.Err
 		mu.Unlock()
 	}))
+	// The answer subscription reaches the server before anything is
+	// published to it from another connection (a hub's answers follow a
+	// leg on the sender's own connection, so the order is NATS's there).
+	if err := c.cfg.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	pub := natstest.Connect(t, s)
 	send := func(node subjects.NodeID, key, id string) {
 		t.Helper()

@@ -487,25 +487,33 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 				return Receipt{ID: d.ID, Node: node, Attempts: attempt - 1}, unsent(d, attempt, last)
 			}
 		}
-		if err := c.awaitTurn(ctx, deadline, t); err != nil {
-			if !sent {
-				return Receipt{ID: d.ID}, fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
-			}
-			switch {
-			case errors.Is(err, verdict.ErrClosing):
-				return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(verdict.ErrClosing, last)
-			case errors.Is(err, context.Canceled):
-				return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(err, last)
-			}
-			return Receipt{ID: d.ID, Attempts: attempt - 1}, unsent(d, attempt, last)
+		// A hot lane's legs are staged (prepared before their turn, then
+		// published by the lane as the cursor reaches them): only when the
+		// owner is known without blocking. Otherwise the attempt waits for
+		// its turn and resolves then, one directory read per lane.
+		var node0 subjects.NodeID
+		staged := false
+		if cr, ok := c.cfg.Resolver.(cachedResolver); ok && c.moving.Load() == nil {
+			node0, staged = cr.Cached(d.To)
 		}
 		var err error
-		if err = c.awaitMove(ctx, deadline); err == nil {
-			node, err = c.cfg.Resolver.Resolve(ctx, d.To)
+		if staged {
+			node = node0
+		} else {
+			if err := c.awaitTurn(ctx, deadline, t); err != nil {
+				return c.laneWaitFailed(d, err, sent, attempt, last)
+			}
+			if err = c.awaitMove(ctx, deadline); err == nil {
+				node, err = c.cfg.Resolver.Resolve(ctx, d.To)
+			}
 		}
 		if err == nil {
 			var published bool
-			published, err = c.leg(ctx, deadline, d, f, node, attempt, t)
+			published, err = c.leg(ctx, deadline, d, f, node, attempt, t, !staged)
+			var lw *errLaneWait
+			if errors.As(err, &lw) {
+				return c.laneWaitFailed(d, lw.err, sent, attempt, last)
+			}
 			sent = sent || published
 			if c.opts.tracer != nil {
 				traceAttempt(ctx, attempt, node, err)
@@ -585,6 +593,22 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 		}
 		c.retries.Add(1)
 	}
+}
+
+// laneWaitFailed is the verdict of an attempt whose wait for its lane ended
+// with err (awaitTurn, stage) before anything of it was sent: sent says
+// whether an earlier attempt's leg left, last is that attempt's failure.
+func (c *Client) laneWaitFailed(d *Delivery, err error, sent bool, attempt int, last error) (Receipt, error) {
+	if !sent {
+		return Receipt{ID: d.ID}, fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
+	}
+	switch {
+	case errors.Is(err, verdict.ErrClosing):
+		return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(verdict.ErrClosing, last)
+	case errors.Is(err, context.Canceled):
+		return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(err, last)
+	}
+	return Receipt{ID: d.ID, Attempts: attempt - 1}, unsent(d, attempt, last)
 }
 
 // redirect reports whether err refused addr at node "not the owner" naming
@@ -688,7 +712,7 @@ func (c *Client) answered(f *flight) (subjects.NodeID, bool) {
 // passes it on as soon as the leg is published (lane.go). On Accepted a
 // Request's flight stays indexed under node, in phaseAccepted; otherwise
 // the flight leaves the index.
-func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *flight, node subjects.NodeID, attempt int, t *laneTicket) (published bool, _ error) {
+func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *flight, node subjects.NodeID, attempt int, t *laneTicket, held bool) (published bool, _ error) {
 	lm := getLegMsg()
 	defer putLegMsg(lm)
 	lm.msg.Subject = c.deliverySubject(t.l, d, node)
@@ -728,11 +752,39 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 			c.unindex(f)
 		}
 	}()
+	w := c.replies.register()
+	lm.msg.Reply = w.subject
+	var err error
+	var reply *nats.Msg
+	if !held {
+		// Staged: the lane publishes it when the cursor reaches it.
+		s := &stagedLeg{ctx: ctx, deadline: deadline, f: f, lm: lm, w: w}
+		sent, handoff, perr, werr := c.stage(t, s)
+		switch {
+		case sent:
+			c.observeInFlight(c.inFlight.Load())
+			if perr == nil {
+				published = true
+				reply, err = c.awaitReply(ctx, f, w, s.wake)
+			} else {
+				err = publishFailed(perr)
+			}
+			c.replies.forget(w)
+			c.observeInFlight(c.inFlight.Add(-1))
+			<-c.sem
+			return c.legEnd(t, d, f, node, published, reply, err, &accepted)
+		case !handoff:
+			c.replies.forget(w)
+			return false, werr
+		}
+		// Handed back: t holds the cursor; send it as any held leg.
+	}
 	// A slot is charged from the moment the leg is sent (DESIGN §4).
 	select {
 	case c.sem <- struct{}{}:
 	default:
 		if err := c.waitSlot(ctx, deadline, f); err != nil {
+			c.replies.forget(w)
 			return false, err
 		}
 	}
@@ -741,6 +793,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	if err := f.causeLocked(); err != nil {
 		f.mu.Unlock()
 		<-c.sem
+		c.replies.forget(w)
 		return false, err
 	}
 	// Nothing has left yet: a caller's deadline that passed (or its
@@ -749,11 +802,13 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	if legTimeout <= 0 {
 		f.mu.Unlock()
 		<-c.sem
+		c.replies.forget(w)
 		return false, &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed before the leg was sent"}
 	}
 	if err := ctx.Err(); errors.Is(err, context.Canceled) {
 		f.mu.Unlock()
 		<-c.sem
+		c.replies.forget(w)
 		return false, fmt.Errorf("cancelled before the leg was sent: %w", err)
 	}
 	// An event (departure, link drop, closing) ends the wait for the reply
@@ -766,11 +821,8 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	for peak := c.peakInFlight.Load(); n > peak && !c.peakInFlight.CompareAndSwap(peak, n); peak = c.peakInFlight.Load() {
 	}
 	c.observeInFlight(n)
-	w := c.replies.register()
-	lm.msg.Reply = w.subject
 	w.timer.Reset(legTimeout) // the leg's own timeout, on the slot's pooled timer
-	err := c.publishInLane(t, lm)
-	var reply *nats.Msg
+	err = c.publishInLane(t, lm)
 	if err == nil {
 		published = true
 		reply, err = c.awaitReply(ctx, f, w, wake)
@@ -780,7 +832,25 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	c.replies.forget(w)
 	c.observeInFlight(c.inFlight.Add(-1))
 	<-c.sem
+	return c.legEnd(t, d, f, node, published, reply, err, &accepted)
+}
 
+// legEnd is legDone, then the receiver's window grant in the reply of an
+// epoch's first leg is applied (outside the flight's lock: lock order is a
+// lane's mutex, then a flight's).
+func (c *Client) legEnd(t *laneTicket, d *Delivery, f *flight, node subjects.NodeID, published bool, reply *nats.Msg, err error, accepted *bool) (bool, error) {
+	published, err = c.legDone(d, f, node, published, reply, err, accepted)
+	if err == nil && reply != nil && t.first {
+		c.granted(t, reply)
+	}
+	return published, err
+}
+
+// legDone decodes the outcome of a leg that was published (or whose
+// publish failed): the reply's verdict, or err — the timeout, the event
+// recorded on f, the caller's cancellation, no responders. *accepted is set
+// when a Request's flight stays indexed as accepted.
+func (c *Client) legDone(d *Delivery, f *flight, node subjects.NodeID, published bool, reply *nats.Msg, err error, accepted *bool) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err == nil {
@@ -793,7 +863,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 		if c.gaveUp.n.Load() > 0 {
 			c.gaveUp.accepted(d.ID, node) // accepted after all: its answers are taken again
 		}
-		accepted = f.request
+		*accepted = f.request
 		if f.request {
 			f.phase = phaseAccepted
 			if f.ev == evMoved {
@@ -812,7 +882,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	if f.request && c.takeEarlyLocked(f, node) {
 		// Its genuine answer came although the reply was lost (node's
 		// answer key was known from an earlier acceptance): accepted.
-		accepted = true
+		*accepted = true
 		f.phase = phaseAccepted
 		return published, nil
 	}

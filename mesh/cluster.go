@@ -25,6 +25,14 @@ func (r nodeResolver) Resolve(ctx context.Context, addr subjects.Address) (subje
 	return inc.dir.Resolve(ctx, addr)
 }
 
+// Cached answers from the current session's directory cache (Directory.Cached).
+func (r nodeResolver) Cached(addr subjects.Address) (subjects.NodeID, bool) {
+	if inc := r.n.current(); inc != nil && inc.dir != nil {
+		return inc.dir.Cached(addr)
+	}
+	return subjects.NodeID{}, false
+}
+
 func (r nodeResolver) Invalidate(addr subjects.Address, node subjects.NodeID) {
 	if inc := r.n.current(); inc != nil && inc.dir != nil {
 		inc.dir.Invalidate(addr, node)

@@ -61,7 +61,8 @@ type Option func(*options) error
 
 type options struct {
 	maxInFlight         int
-	window              int
+	window              int // a lane's window until its receiver grants one
+	windowCap           int // the most a grant raises it to
 	saturationThreshold int
 	legTimeout          time.Duration
 	requestTimeout      time.Duration
@@ -92,6 +93,7 @@ func defaultOptions() options {
 	return options{
 		maxInFlight:         DefaultMaxInFlight,
 		window:              DefaultWindow,
+		windowCap:           MaxGrantedWindow,
 		saturationThreshold: DefaultSaturationThreshold,
 		legTimeout:          DefaultLegTimeout,
 		requestTimeout:      DefaultRequestTimeout,
@@ -115,15 +117,19 @@ func WithMaxInFlight(n int) Option {
 	}
 }
 
-// WithWindow sets how many legs of one lane may be in flight at once
-// (default [DefaultWindow], 32); 1 is stop-and-wait. Order within a lane is
-// kept either way (DESIGN §4). Errors match [ErrInvalidConfig] for n < 1.
+// WithWindow fixes how many legs of one lane may be in flight at once; 1
+// is stop-and-wait. Without it a lane starts with [DefaultWindow] (32) and
+// then takes the window its receiver grants (hub.HeaderWindow: what the
+// activation's inbox has room for, 256 by default), at most
+// [MaxGrantedWindow]; with it a grant may lower the window, never raise it
+// above n. Order within a lane is kept either way (DESIGN §4). Errors match
+// [ErrInvalidConfig] for n < 1.
 func WithWindow(n int) Option {
 	return func(o *options) error {
 		if n < 1 {
 			return fmt.Errorf("%w: window %d < 1", ErrInvalidConfig, n)
 		}
-		o.window = n
+		o.window, o.windowCap = n, n
 		return nil
 	}
 }

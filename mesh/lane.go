@@ -7,6 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -28,6 +31,10 @@ func laneKeyOf(d *Delivery) LaneKey {
 // DefaultWindow is how many legs of one lane may be in flight at once
 // (DESIGN §4); 1 is stop-and-wait.
 const DefaultWindow = 32
+
+// MaxGrantedWindow caps the window a receiver's grant (hub.HeaderWindow)
+// gives a lane of a client without [WithWindow].
+const MaxGrantedWindow = 1024
 
 // Windowed lanes, the sending side (DESIGN §4, docs/protocol.md).
 //
@@ -65,12 +72,18 @@ const DefaultWindow = 32
 type lane struct {
 	key LaneKey
 
-	mu    sync.Mutex
-	q     []*laneTicket // q[head:] in call order: every ticket not popped yet
-	head  int           // q[head] is the first unsettled ticket
-	epoch uint64        // the client's epoch counter value naming the lane's current run (newEpoch)
-	seq   uint64        // the last sequence number used in epoch
-	qbuf  [4]*laneTicket
+	mu     sync.Mutex
+	q      []*laneTicket // q[head:] in call order: every ticket not popped yet
+	head   int           // q[head] is the first unsettled ticket
+	epoch  uint64        // the client's epoch counter value naming the lane's current run (newEpoch)
+	window int           // legs of the lane in flight at most: the client's, then its receiver's grant
+	seq    uint64        // the last sequence number used in epoch
+	// Every ticket in q[head:scan] is settled or sent in epoch scanEpoch:
+	// while that is still the lane's epoch, the cursor is at scan or after
+	// it (cursorLocked), so finding it costs nothing per settled leg.
+	scan      int
+	scanEpoch uint64
+	qbuf      [4]*laneTicket
 	// The delivery subject of the lane's last leg and what it was built
 	// from (deliverySubject): a lane's legs go to one owner, so it is
 	// built once per lane and owner, and a pooled lane reused for the same
@@ -112,8 +125,10 @@ type laneTicket struct {
 	l     *lane
 	state ticketState
 	epoch uint64        // the epoch of its last published leg
+	first bool          // its last leg was the first of its epoch (seq 1): its reply carries the grant
 	wake  chan struct{} // buffer 1: poked when it may have become the cursor
 	async *asyncCall    // a DeliverAsync delivery (async.go), whose goroutine starts when it may send
+	leg   *stagedLeg    // a prepared leg waiting for the cursor, published by whoever passes it on (stage)
 }
 
 // ticketPool recycles tickets: a ticket is put back only when its lane pops
@@ -144,14 +159,27 @@ func (l *lane) depth() int {
 
 // cursorLocked returns the index of the ticket that sends next, or -1.
 // Called with l.mu held.
-func (l *lane) cursorLocked() int {
-	for i := l.head; i < len(l.q); i++ {
+func (l *lane) cursorLocked() int { return l.cursorFromLocked(l.head) }
+
+// cursorFromLocked is cursorLocked for a caller that knows every ticket
+// from l.head up to from is settled or sent in the current epoch. It starts
+// at the lane's scan mark when that is further and still of this epoch: a
+// ticket before the cursor leaves that state only when the epoch breaks
+// (a sent leg that ends unaccepted) or the queue is compacted (the mark is
+// reset).
+func (l *lane) cursorFromLocked(from int) int {
+	if l.scanEpoch == l.epoch && l.scan > from {
+		from = l.scan
+	}
+	for i := from; i < len(l.q); i++ {
 		t := l.q[i]
 		if t.state == ticketDone || t.state == ticketSent && t.epoch == l.epoch {
 			continue
 		}
+		l.scan, l.scanEpoch = i, l.epoch
 		return i
 	}
+	l.scan, l.scanEpoch = len(l.q), l.epoch
 	return -1
 }
 
@@ -170,18 +198,47 @@ func (l *lane) mayHoldLocked(t *laneTicket, window int) bool {
 // unaccepted meanwhile): then both held it for a moment, and publishInLane
 // lets only the cursor's ticket publish.
 
-// pokeLocked wakes the cursor's ticket if it may send. Called with l.mu
-// held.
-func (l *lane) pokeLocked(window int) {
-	if i := l.cursorLocked(); i >= 0 && i-l.head < window && l.q[i].state == ticketPending {
-		if j := l.q[i].async; j != nil && !j.started {
-			j.launchLocked()
+// pokeLocked passes the cursor on: while the cursor's ticket is within the
+// window and has a staged leg (stage), its leg is published here, on its
+// caller's behalf — no goroutine hand-off per leg, so a hot lane refills its
+// window in one go; the first cursor ticket without one is woken (or, a
+// DeliverAsync delivery, its goroutine started) to send its leg itself.
+// Called with l.mu held.
+func (c *Client) pokeLocked(l *lane) {
+	window := l.window
+	for i := l.head; ; {
+		i = l.cursorFromLocked(i)
+		if i < 0 || i-l.head >= window || l.q[i].state != ticketPending {
 			return
 		}
-		select {
-		case l.q[i].wake <- struct{}{}:
-		default:
+		t := l.q[i]
+		if s := t.leg; s != nil && s.state == stagedWaiting {
+			if c.publishStagedLocked(l, t) {
+				wakeTicket(t)
+				continue
+			}
+			s.state = stagedHandoff // its caller sends it itself (no slot free, or a fact to report)
+		} else if j := t.async; j != nil && !j.started {
+			j.launchLocked()
+			// The DeliverAsync deliveries behind it within the window
+			// start too, so that they stage their legs meanwhile (at most
+			// W + 1 goroutines a lane still).
+			for k := i + 1; k < len(l.q) && k-l.head < window; k++ {
+				if j := l.q[k].async; j != nil && !j.started && l.q[k].state == ticketPending {
+					j.launchLocked()
+				}
+			}
+			return
 		}
+		wakeTicket(t)
+		return
+	}
+}
+
+func wakeTicket(t *laneTicket) {
+	select {
+	case t.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -197,7 +254,7 @@ func (c *Client) enqueueLane(key LaneKey, j *asyncCall) *laneTicket {
 	if l == nil {
 		l = lanePool.Get().(*lane)
 		l.mu.Lock()
-		l.key, l.epoch, l.seq = key, c.newEpoch(), 0
+		l.key, l.epoch, l.seq, l.window, l.scan = key, c.newEpoch(), 0, c.opts.window, 0
 		l.mu.Unlock()
 		c.lanes[key] = l
 	}
@@ -211,7 +268,7 @@ func (c *Client) enqueueLane(key LaneKey, j *asyncCall) *laneTicket {
 	l.q = append(l.q, t)
 	if j != nil {
 		j.t, j.l = t, l
-		if l.mayHoldLocked(t, c.opts.window) {
+		if l.mayHoldLocked(t, l.window) {
 			j.launchLocked()
 		}
 	}
@@ -240,12 +297,11 @@ func (c *Client) laneValue(epoch, seq uint64) string {
 // or verdict.ErrClosing, with t still in the lane (parked).
 func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicket) error {
 	l := t.l
-	w := c.opts.window
 	l.mu.Lock()
 	if t.state == ticketParked {
 		t.state = ticketPending
 	}
-	if l.mayHoldLocked(t, w) {
+	if l.mayHoldLocked(t, l.window) {
 		t.state = ticketHeld
 		l.mu.Unlock()
 		return nil
@@ -260,7 +316,7 @@ func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicke
 		select {
 		case <-t.wake:
 			l.mu.Lock()
-			if l.mayHoldLocked(t, w) {
+			if l.mayHoldLocked(t, l.window) {
 				t.state = ticketHeld
 				l.mu.Unlock()
 				return nil
@@ -281,7 +337,7 @@ func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicke
 		}
 		l.mu.Lock()
 		t.state = ticketParked
-		l.pokeLocked(w)
+		c.pokeLocked(l)
 		l.mu.Unlock()
 		return err
 	}
@@ -307,9 +363,19 @@ func (c *Client) publishInLane(t *laneTicket, lm *legMsg) error {
 	}
 	if i := l.cursorLocked(); i < 0 || l.q[i] != t {
 		t.state = ticketPending
-		l.pokeLocked(c.opts.window)
+		c.pokeLocked(l)
 		return errRewound
 	}
+	err := c.publishLocked(l, t, lm)
+	c.pokeLocked(l)
+	return err
+}
+
+// publishLocked publishes lm, the leg of t, the lane's cursor: stamped with
+// the lane's epoch and next sequence number, or — t alone in the lane — with
+// none. On success t is sent; on failure (nothing left) it is parked and the
+// epoch broken. Called with l.mu held; the caller passes the cursor on.
+func (c *Client) publishLocked(l *lane, t *laneTicket, lm *legMsg) error {
 	if l.head == len(l.q)-1 {
 		// t is alone in the lane: everything ahead of it is settled.
 		// Its leg goes without hub.HeaderLane, as a one-leg-at-a-time
@@ -317,6 +383,7 @@ func (c *Client) publishInLane(t *laneTicket, lm *legMsg) error {
 		// it is in flight it stays the cursor, so nothing of the lane is
 		// published behind it before it settles; the next leg starts a
 		// new epoch. Its ticket is sent in no epoch (0).
+		t.first = false
 		err := c.cfg.Conn.PublishMsg(lm.ready())
 		if err != nil {
 			t.state = ticketParked
@@ -324,11 +391,11 @@ func (c *Client) publishInLane(t *laneTicket, lm *legMsg) error {
 			t.state, t.epoch = ticketSent, 0
 			l.epoch, l.seq = c.newEpoch(), 0
 		}
-		l.pokeLocked(c.opts.window)
 		return err
 	}
 	l.seq++
 	epoch := l.epoch
+	t.first = l.seq == 1
 	lm.set(hdrLane, c.laneValue(epoch, l.seq))
 	err := c.cfg.Conn.PublishMsg(lm.ready())
 	if err != nil {
@@ -337,8 +404,182 @@ func (c *Client) publishInLane(t *laneTicket, lm *legMsg) error {
 	} else {
 		t.state, t.epoch = ticketSent, epoch
 	}
-	l.pokeLocked(c.opts.window)
 	return err
+}
+
+// A staged leg is a leg prepared in full before its ticket holds the cursor
+// (message, reply slot, flight indexed under its owner), so that whoever
+// passes the cursor on — the leg ahead that was just published, a settled
+// ticket, a broken epoch — publishes it at once on its caller's behalf
+// (pokeLocked), instead of waking the caller's goroutine to do it: a lane's
+// legs then leave back to back. What decides a staged leg's fate is its
+// state, under the lane's mutex: published by the lane (stagedSent: its
+// caller awaits the reply), handed back to its caller (stagedHandoff: no
+// in-flight slot was free, or a fact — the owner departed, the deadline,
+// the caller's cancellation — must be reported as for any leg not sent),
+// or withdrawn by its caller before either (its wait ended: nothing sent).
+type stagedLeg struct {
+	ctx      context.Context
+	deadline time.Time
+	f        *flight
+	lm       *legMsg
+	w        *legWait
+	state    stagedState
+	err      error         // stagedSent: the publish's error (nil: it left)
+	wake     chan struct{} // stagedSent: f.wake as the leg was sent
+}
+
+type stagedState uint8
+
+const (
+	stagedWaiting stagedState = iota // for the cursor
+	stagedSent                       // published by the lane (or its publish failed): err says which
+	stagedHandoff                    // the lane declined it: its caller holds the cursor and sends it itself
+)
+
+// publishStagedLocked publishes t's staged leg, t being the lane's cursor
+// within the window: it takes an in-flight slot if one is free, checks
+// under the flight's lock that nothing forbids sending (an event, the
+// deadline, the caller's cancellation), arms the leg's timeout and
+// publishes. It reports false, having done nothing, when it may not; the
+// caller hands the leg back. Called with l.mu held (lock order: a lane's
+// mutex, then a flight's).
+func (c *Client) publishStagedLocked(l *lane, t *laneTicket) bool {
+	s := t.leg
+	select {
+	case c.sem <- struct{}{}:
+	default:
+		return false // its caller waits for a slot itself
+	}
+	f := s.f
+	f.mu.Lock()
+	legTimeout := min(c.opts.legTimeout, time.Until(s.deadline))
+	if legTimeout <= 0 || s.ctx.Err() != nil || f.causeLocked() != nil {
+		f.mu.Unlock()
+		<-c.sem
+		return false
+	}
+	f.phase, f.cancel = phaseSent, nil
+	s.wake = f.wake
+	f.mu.Unlock()
+	n := c.inFlight.Add(1)
+	for peak := c.peakInFlight.Load(); n > peak && !c.peakInFlight.CompareAndSwap(peak, n); peak = c.peakInFlight.Load() {
+	}
+	s.w.timer.Reset(legTimeout)
+	s.err = c.publishLocked(l, t, s.lm)
+	s.state = stagedSent
+	return true
+}
+
+// errLaneWait wraps why a staged leg's wait for its lane ended before it
+// was sent (the caller's cancellation, its deadline, the client closing):
+// the same facts awaitTurn reports.
+type errLaneWait struct{ err error }
+
+func (e *errLaneWait) Error() string { return e.err.Error() }
+func (e *errLaneWait) Unwrap() error { return e.err }
+
+// stage offers s, t's prepared leg, to its lane and waits until the lane
+// published it (sent: its caller awaits the reply; perr is the publish's
+// error), or handed it back (handoff: t holds the cursor, its caller sends
+// the leg itself), or the wait ended first: an event recorded on the
+// flight (err: its verdict), the caller's cancellation or deadline, or the
+// client closing (err: *errLaneWait) — then nothing was sent and t is
+// parked in its place.
+func (c *Client) stage(t *laneTicket, s *stagedLeg) (sent, handoff bool, perr, err error) {
+	l := t.l
+	l.mu.Lock()
+	if t.state == ticketParked {
+		t.state = ticketPending
+	}
+	t.leg, s.state = s, stagedWaiting
+	c.pokeLocked(l)
+	if sent, handoff, perr := c.stagedLocked(l, t); sent || handoff {
+		l.mu.Unlock()
+		return sent, handoff, perr, nil
+	}
+	l.mu.Unlock()
+	s.f.mu.Lock()
+	fwake := s.f.wake
+	s.f.mu.Unlock()
+	timer := deadlineTimer(s.deadline)
+	defer releaseTimer(timer)
+	for {
+		select {
+		case <-t.wake:
+			l.mu.Lock()
+			if sent, handoff, perr := c.stagedLocked(l, t); sent || handoff {
+				l.mu.Unlock()
+				return sent, handoff, perr, nil
+			}
+			l.mu.Unlock()
+			continue
+		case <-fwake:
+			s.f.mu.Lock()
+			ev := s.f.ev
+			s.f.mu.Unlock()
+			if ev == evNone {
+				fwake = nil // woken by an answer, not an event
+				continue
+			}
+			err = errEvent
+		case <-s.ctx.Done():
+			err = s.ctx.Err()
+			if !errors.Is(err, context.Canceled) {
+				err = &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}
+			}
+			err = &errLaneWait{err}
+		case <-timer.C:
+			err = &errLaneWait{&verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}}
+		case <-c.stop:
+			err = &errLaneWait{verdict.ErrClosing}
+		}
+		l.mu.Lock()
+		if sent, handoff, perr := c.stagedLocked(l, t); sent || handoff {
+			// The lane took it (or handed it back) first: that is the fact.
+			l.mu.Unlock()
+			return sent, handoff, perr, nil
+		}
+		t.leg = nil
+		t.state = ticketParked
+		c.pokeLocked(l)
+		l.mu.Unlock()
+		if err == errEvent {
+			s.f.mu.Lock()
+			err = s.f.causeLocked()
+			s.f.mu.Unlock()
+		}
+		return false, false, nil, err
+	}
+}
+
+// errEvent marks a staged wait ended by an event on the flight.
+var errEvent = errors.New("mesh: event")
+
+// stagedLocked reads t's staged leg's fate: published by the lane (sent,
+// with the publish's error), or handed back to t's caller, which then holds
+// the cursor if it may (else the leg waits again, staged). Called with l.mu
+// held.
+func (c *Client) stagedLocked(l *lane, t *laneTicket) (sent, handoff bool, perr error) {
+	s := t.leg
+	switch s.state {
+	case stagedSent:
+		t.leg = nil
+		return true, false, s.err
+	case stagedHandoff:
+		if l.mayHoldLocked(t, l.window) {
+			t.leg = nil
+			t.state = ticketHeld
+			return false, true, nil
+		}
+		s.state = stagedWaiting
+		c.pokeLocked(l)
+		if s.state == stagedSent {
+			t.leg = nil
+			return true, false, s.err
+		}
+	}
+	return false, false, nil
 }
 
 // legEnded records that t's attempt ended without acceptance (accepted
@@ -351,7 +592,29 @@ func (c *Client) legEnded(t *laneTicket) {
 		l.epoch, l.seq = c.newEpoch(), 0
 	}
 	t.state = ticketParked
-	l.pokeLocked(c.opts.window)
+	c.pokeLocked(l)
+	l.mu.Unlock()
+}
+
+// granted applies the receiver's window grant (hub.HeaderWindow) in reply,
+// the Accepted reply to t's leg, the first of its epoch: the lane's window
+// becomes the grant, capped by the client's.
+func (c *Client) granted(t *laneTicket, reply *nats.Msg) {
+	v, ok := reply.Header[hub.HeaderWindow]
+	if !ok || len(v) == 0 {
+		return
+	}
+	n, err := strconv.Atoi(v[0])
+	if err != nil || n < 1 {
+		return
+	}
+	n = min(n, c.opts.windowCap)
+	l := t.l
+	l.mu.Lock()
+	if l.window != n {
+		l.window = n
+		c.pokeLocked(l)
+	}
 	l.mu.Unlock()
 }
 
@@ -375,14 +638,14 @@ func (c *Client) finishLane(t *laneTicket, accepted bool) {
 	}
 	empty := l.head == len(l.q)
 	if empty {
-		l.q, l.head = l.q[:0], 0
+		l.q, l.head, l.scan = l.q[:0], 0, 0
 	} else {
 		if l.head > 64 && l.head*2 > len(l.q) {
 			n := copy(l.q, l.q[l.head:])
 			clear(l.q[n:])
-			l.q, l.head = l.q[:n], 0
+			l.q, l.head, l.scan = l.q[:n], 0, 0
 		}
-		l.pokeLocked(c.opts.window)
+		c.pokeLocked(l)
 	}
 	l.mu.Unlock()
 	if !empty {

@@ -28,6 +28,13 @@ type Redirector interface {
 	Redirect(addr subjects.Address, owner subjects.NodeID) bool
 }
 
+// cachedResolver is a Resolver that can name an address's owner from
+// memory, without blocking: the sender then prepares a delivery's leg before
+// its turn in the lane (stage). A miss (false) is answered by Resolve.
+type cachedResolver interface {
+	Cached(addr subjects.Address) (subjects.NodeID, bool)
+}
+
 // StaticResolver resolves every address to one node generation: the resolver
 // of a one-node mesh.
 type StaticResolver struct{ Node subjects.NodeID }
@@ -36,6 +43,9 @@ type StaticResolver struct{ Node subjects.NodeID }
 func (r StaticResolver) Resolve(context.Context, subjects.Address) (subjects.NodeID, error) {
 	return r.Node, nil
 }
+
+// Cached returns r.Node: the owner is always known.
+func (r StaticResolver) Cached(subjects.Address) (subjects.NodeID, bool) { return r.Node, true }
 
 // Invalidate does nothing: there is no cache.
 func (StaticResolver) Invalidate(subjects.Address, subjects.NodeID) {}

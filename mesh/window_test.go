@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -270,7 +271,38 @@ func checkWindowed(t *testing.T, rec *recorder, addr subjects.Address, outs [][]
 // departures, and an intake whose lane state was evicted (the activation
 // deactivated). Every delivery gets one verdict; 0 inversions, 0
 // duplicates handled, 0 lost.
+// laneDepth is the number of deliveries in lane key (0: no lane).
+func (c *Client) laneDepth(key LaneKey) int {
+	c.lanesMu.Lock()
+	l := c.lanes[key]
+	c.lanesMu.Unlock()
+	if l == nil {
+		return 0
+	}
+	return l.depth()
+}
+
+// cachedFaultProxy is a faultProxy whose owner is known without blocking
+// (cachedResolver): the client stages its legs and the lane publishes them.
+type cachedFaultProxy struct{ *faultProxy }
+
+func (p cachedFaultProxy) Cached(subjects.Address) (subjects.NodeID, bool) {
+	return subjects.NodeID{Name: "px", Generation: p.gen.Load()}, true
+}
+
+// TestWindowFaults runs every fault at every position of a window, with
+// legs sent by their callers (held: the resolver blocks) and with legs
+// staged and published by the lane (staged).
 func TestWindowFaults(t *testing.T) {
+	t.Run("held", func(t *testing.T) { windowFaults(t, false, false) })
+	t.Run("staged", func(t *testing.T) { windowFaults(t, true, false) })
+	t.Run("staged-callers", func(t *testing.T) { windowFaults(t, true, true) })
+}
+
+// windowFaults: with callers, each delivery is a Deliver on a goroutine of
+// its own (joining the lane in a known order: the next starts once the lane
+// holds the one before), so legs beyond the window are staged too.
+func windowFaults(t *testing.T, staged, callers bool) {
 	const window, streams = 8, 3
 	bursts := 7 * int(numFaults-1) // every fault at each of 3 positions, repeated
 	if testing.Short() {
@@ -280,7 +312,11 @@ func TestWindowFaults(t *testing.T) {
 	n, rec := testNode(t, s, "a")
 	p := newFaultProxy(t, natstest.Connect(t, s), n)
 	lates := &lateSet{}
-	c := newClient(t, natstest.Connect(t, s), p, WithWindow(window), WithLegTimeout(300*time.Millisecond),
+	var res Resolver = p
+	if staged {
+		res = cachedFaultProxy{p}
+	}
+	c := newClient(t, natstest.Connect(t, s), res, WithWindow(window), WithLegTimeout(300*time.Millisecond),
 		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
 	p.client.Store(c)
 	const addr = subjects.Address("rec/win")
@@ -307,7 +343,21 @@ func TestWindowFaults(t *testing.T) {
 					pl := make([]byte, 8)
 					binary.BigEndian.PutUint32(pl, uint32(st))
 					binary.BigEndian.PutUint32(pl[4:], uint32(seq))
-					chans = append(chans, c.DeliverAsync(context.Background(), Delivery{ID: id, To: addr, Stream: subjects.Stream(fmt.Sprint(st)), Payload: pl}))
+					d := Delivery{ID: id, To: addr, Stream: subjects.Stream(fmt.Sprint(st)), Payload: pl}
+					if callers {
+						ch := make(chan Result, 1)
+						before := c.laneDepth(laneKeyOf(&d))
+						go func() {
+							r, err := c.Deliver(context.Background(), d)
+							ch <- Result{Receipt: r, Err: err}
+						}()
+						for c.laneDepth(laneKeyOf(&d)) <= before && len(ch) == 0 {
+							runtime.Gosched() // polls: joined its lane (or done already)
+						}
+						chans = append(chans, ch)
+					} else {
+						chans = append(chans, c.DeliverAsync(context.Background(), d))
+					}
 					burst = append(burst, windowOutcome{id: id, f: f})
 				}
 				for i, ch := range chans {

@@ -526,6 +526,18 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 	return n, nil
 }
 
+// Cached returns addr's owner if the cache holds it and that generation is
+// alive, without blocking and without reading the directory; Resolve answers
+// a miss. Safe for concurrent use.
+func (d *Directory) Cached(addr subjects.Address) (subjects.NodeID, bool) {
+	if v, ok := d.cache.Load(addr); ok {
+		if n := v.(subjects.NodeID); d.members.Alive(n) {
+			return n, true
+		}
+	}
+	return subjects.NodeID{}, false
+}
+
 // Redirect records owner as addr's owner if that generation is alive, and
 // reports whether it did (mesh.Redirector): a node refused a delivery for
 // addr "not the owner", naming owner.
