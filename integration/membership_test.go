@@ -7,7 +7,7 @@ import (
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/natstest"
-	"github.com/natsmesh/natsmesh/mesh/syncstream"
+	"github.com/natsmesh/natsmesh/syncstream"
 	"log/slog"
 	"regexp"
 	"slices"

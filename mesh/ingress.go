@@ -194,7 +194,7 @@ func (n *Node) startIngress(m *nats.Msg, d *Delivery, request bool) (context.Con
 }
 
 // NodeOnlyTypes are the delivery types of the sync-stream protocol
-// (package mesh/syncstream, docs/protocol.md §8a): node to node only. The
+// (package syncstream, docs/protocol.md §8a): node to node only. The
 // ingress refuses them, so an outside caller can neither register
 // subscribers on another's stream nor feed frames to a subscriber (DESIGN
 // §10).

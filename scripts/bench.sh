@@ -25,7 +25,7 @@ mkdir -p "$out"
 benches='Sequential$|SequentialRequest|Paired|Concurrent256|OneLane256|OneLanePipelined'
 
 go test -c -o "$out/mesh.test" ./mesh/
-go test -c -o "$out/stream.test" ./mesh/syncstream/
+go test -c -o "$out/stream.test" ./syncstream/
 if [ -n "$before" ]; then
 	rm -rf "$out/before-src"
 	mkdir -p "$out/before-src"
@@ -33,13 +33,13 @@ if [ -n "$before" ]; then
 	# A revision from before BenchmarkPaired gets the working tree's
 	# benchmarks file, so that its p50 ratios are measured the same way.
 	grep -q 'func BenchmarkPaired' "$out/before-src/mesh/bench_test.go" || cp mesh/bench_test.go "$out/before-src/mesh/bench_test.go"
-	(cd "$out/before-src" && go test -c -o "$out/mesh-before.test" ./mesh/ && go test -c -o "$out/stream-before.test" ./mesh/syncstream/)
+	(cd "$out/before-src" && go test -c -o "$out/mesh-before.test" ./mesh/ && go test -c -o "$out/stream-before.test" ./syncstream/)
 fi
 if [ -n "$round1" ]; then
 	rm -rf "$out/round1-src"
 	mkdir -p "$out/round1-src"
 	git archive "$round1" | tar -x -C "$out/round1-src"
-	(cd "$out/round1-src" && go test -c -o "$out/stream-round1.test" ./mesh/syncstream/)
+	(cd "$out/round1-src" && go test -c -o "$out/stream-round1.test" ./syncstream/)
 fi
 
 run() { # run <label> <binary> <args...>

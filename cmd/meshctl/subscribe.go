@@ -20,9 +20,9 @@ import (
 
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/membership"
-	"github.com/natsmesh/natsmesh/mesh/syncstream"
 	"github.com/natsmesh/natsmesh/profiles"
 	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/syncstream"
 	"github.com/natsmesh/natsmesh/verdict"
 )
 

@@ -20,8 +20,8 @@ import (
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/membership"
-	"github.com/natsmesh/natsmesh/mesh/syncstream"
 	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/syncstream"
 )
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -9,8 +9,8 @@ import (
 
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/natstest"
-	"github.com/natsmesh/natsmesh/mesh/syncstream"
 	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/syncstream"
 )
 
 // TestKVContinuityAcrossMoves: the kv hub's map is durable state, so each

@@ -13,7 +13,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/mesh"
-	"github.com/natsmesh/natsmesh/mesh/syncstream"
+	"github.com/natsmesh/natsmesh/syncstream"
 )
 
 // Follow the state of a kv hub: the snapshot first, then every change, in

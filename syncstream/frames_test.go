@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/natsmesh/natsmesh/mesh/syncstream"
+	"github.com/natsmesh/natsmesh/syncstream"
 )
 
 // sameFrames compares frames, an empty Data equal to none.

@@ -8,15 +8,15 @@ import (
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
-	"github.com/natsmesh/natsmesh/mesh/syncstream"
 	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/syncstream"
 )
 
 // BenchmarkStreamFrames: frames per second through one stream, owner and
 // subscriber on two nodes of one in-process server, 128-byte payloads; the
 // clock stops when the subscriber has applied every frame.
 //
-//	go test -run '^$' -bench StreamFrames -benchtime 20000x ./mesh/syncstream/
+//	go test -run '^$' -bench StreamFrames -benchtime 20000x ./syncstream/
 func BenchmarkStreamFrames(b *testing.B) {
 	s := natstest.RunServer(b)
 	owner, _ := startNode(b, s, "owner", false)
@@ -59,7 +59,7 @@ func BenchmarkStreamFrames(b *testing.B) {
 // frame travels alone (no batching): ns/op is the owner → subscriber
 // latency of a frame, its encoding and apply path included.
 //
-//	go test -run '^$' -bench StreamFrameOneByOne -benchtime 5000x ./mesh/syncstream/
+//	go test -run '^$' -bench StreamFrameOneByOne -benchtime 5000x ./syncstream/
 func BenchmarkStreamFrameOneByOne(b *testing.B) {
 	s := natstest.RunServer(b)
 	owner, _ := startNode(b, s, "owner", false)

@@ -13,8 +13,8 @@ import (
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh/membership"
-	"github.com/natsmesh/natsmesh/mesh/syncstream"
 	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/syncstream"
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
