@@ -379,15 +379,17 @@ func (n *nemesisRun) report(cfg nemesisConfig, h *nemesis.History) {
 		}
 		t.Logf("check %-20s judged %6d: %s", r.Name, r.Checked, status)
 	}
-	if !failed {
-		if cfg.ownOut {
-			_ = os.RemoveAll(cfg.out)
-		}
+	if !failed && cfg.ownOut {
+		_ = os.RemoveAll(cfg.out)
 		return
 	}
-	path := filepath.Join(cfg.out, "history.json")
+	path := filepath.Join(cfg.out, "history.json") // kept: a failed run, or NATSMESH_CHAOS_OUT named
 	if err := h.WriteJSON(path); err != nil {
 		t.Logf("history not written: %v", err)
+	}
+	if !failed {
+		t.Logf("history of the run: %s", path)
+		return
 	}
 	var b strings.Builder
 	for _, r := range results {
