@@ -29,6 +29,43 @@ type secured struct {
 	s    *server.Server
 	m    profiles.Mesh
 	keys map[string]nkeys.KeyPair
+	// caller is the nodes' caller identity mode: CallerFromRequestInfo
+	// for the multi-account mode.
+	caller mesh.CallerIdentity
+}
+
+// Tenant accounts of newMultiSecured and the names of their client users'
+// keys: "client" in ALICE, "bob" in BOB.
+const aliceAccount, bobAccount, bobUser = "ALICE", "BOB", "bob"
+
+// newMultiSecured is newSecured in the multi-account (production) mode of
+// profiles.MultiAccountConf: nkey users with the node and operator
+// profiles in MESH, a client-profile user in each of the tenant accounts
+// ALICE ("client") and BOB ("bob"); nodes take the caller identity from
+// Nats-Request-Info.
+func newMultiSecured(t *testing.T) *secured {
+	t.Helper()
+	e := &secured{m: profiles.Mesh{}, keys: map[string]nkeys.KeyPair{}, caller: mesh.CallerFromRequestInfo}
+	user := func(name string, p profiles.Permissions) profiles.User {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		e.keys[name] = kp
+		return profiles.User{NKey: pub, Profile: p}
+	}
+	conf, err := profiles.MultiAccountConf(e.m,
+		[]profiles.User{user("node", profiles.Node(e.m)), user("operator", profiles.Operator(e.m))},
+		[]profiles.Tenant{
+			{Account: aliceAccount, Users: []profiles.User{user("client", profiles.Client(e.m))}},
+			{Account: bobAccount, Users: []profiles.User{user(bobUser, profiles.Client(e.m))}},
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.s = natstest.RunServer(t, natstest.WithConfig("ping_interval: \"500ms\"\nping_max: 2\n"+conf))
+	return e
 }
 
 const openUser, openPassword = "open", "open-secret"
@@ -157,7 +194,7 @@ func (e *secured) node(t *testing.T, name, profile string, opts ...mesh.Option) 
 	tn.handledN = func(id string) int { mu.Lock(); defer mu.Unlock(); return count[id] }
 	opts = append([]mesh.Option{mesh.WithLateVerdicts(func(v mesh.LateVerdict) { tn.lates <- v })}, opts...)
 	n, err := mesh.NewNode(mesh.NodeConfig{
-		Conn: nc, Name: name, Logger: quiet(),
+		Conn: nc, Name: name, Logger: quiet(), CallerIdentity: e.caller,
 		Membership:     &mesh.MembershipConfig{AdvisorySubject: e.m.AdvisorySubject()},
 		OnDrainRequest: func() { tn.drains <- struct{}{} },
 		OnMembershipEvent: func(ev membership.Event) {

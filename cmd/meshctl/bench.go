@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/profiles"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -83,7 +84,9 @@ func newBenchCmd(g *globals) *cobra.Command {
 		Long: `Send -n deliveries to --to over -c concurrent lanes (lane i is the stream
 "bench-<i>": deliveries on one lane are sequential, lanes run concurrently)
 with a mesh client that sends straight to one node, and print deliveries per
-second, p50/p90/p99 latency and the verdicts by reason.
+second, p50/p90/p99 latency and the verdicts by reason. As a mesh client it
+needs the node permission profile (SECURITY.md) and reads its answers on the
+node inbox prefix unless --inbox-prefix says otherwise.
 
 The target node is the node named --node if given (it must own --to, else
 every delivery is refused not-owner); else the owner of --to, found by one
@@ -146,6 +149,12 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	// connection reconnects, and moves off a server in lame duck mode
 	// without losing an answer in flight (mesh.Client.MoveConnection).
 	var clientRef atomic.Pointer[mesh.Client]
+	if g.inboxPrefix == "" {
+		// A mesh client: the acceptance replies it reads carry the keys
+		// of answers, so they go to the node profile's inbox
+		// (SECURITY.md), as meshctl subscribe's do.
+		g.inboxPrefix = profiles.NodeInboxPrefix(g.meshPrefix())
+	}
 	nc, err := g.connectReconnecting("meshctl bench", func() {
 		if c := clientRef.Load(); c != nil {
 			go func() {
