@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
-
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/mesh/directory"
@@ -233,64 +231,41 @@ func (n *Node) Hubs() HubsReport {
 }
 
 // serveControl registers the node as a NATS micro service with its control
-// endpoints; its metadata names the current session's generation.
+// endpoints (controlService: every answer, discovery included, only on a
+// safe reply subject); its metadata names the current session's
+// generation.
 func (n *Node) serveControl() error {
 	n.svcMu.Lock()
 	defer n.svcMu.Unlock()
 	if n.svcStopped {
 		return nil
 	}
-	svc, err := micro.AddService(n.conn, micro.Config{
-		Name:        ServiceName,
-		Version:     Version,
-		Description: "natsmesh node " + n.ID().String(),
-		Metadata: map[string]string{
-			MetaNode:     n.ID().String(),
-			MetaPrefix:   string(n.prefix),
-			"name":       n.cfg.Name,
-			"generation": strconv.FormatUint(n.ID().Generation, 10),
-		},
+	svc, err := newControlService(n.conn, n.safeReply, Version, "natsmesh node "+n.ID().String(), map[string]string{
+		MetaNode:     n.ID().String(),
+		MetaPrefix:   string(n.prefix),
+		"name":       n.cfg.Name,
+		"generation": strconv.FormatUint(n.ID().Generation, 10),
 	})
 	if err != nil {
 		return err
 	}
-	n.svc = svc
-	add := func(verb string, h func(micro.Request)) error {
-		guarded := func(r micro.Request) {
-			if r.Reply() != "" && !n.safeReply(r.Reply()) {
-				return
-			}
-			h(r)
-		}
-		return svc.AddEndpoint(verb, micro.HandlerFunc(guarded), micro.WithEndpointSubject(n.ControlSubject(verb)), micro.WithEndpointQueueGroupDisabled())
-	}
-	respond := func(req micro.Request, v any) {
-		b, err := json.Marshal(v)
-		if err != nil {
-			_ = req.Error("500", err.Error(), nil)
-			return
-		}
-		_ = req.Respond(b)
-	}
 	for _, e := range []struct {
 		verb string
-		h    func(micro.Request)
+		h    func([]byte) (any, error)
+		then func()
 	}{
-		{ControlPing, func(r micro.Request) { respond(r, n.Status()) }},
-		{ControlStats, func(r micro.Request) { respond(r, n.Status()) }},
-		{ControlHubs, func(r micro.Request) { respond(r, n.Hubs()) }},
-		{ControlState, func(r micro.Request) { respond(r, n.readState(r.Data())) }},
-		{ControlDrain, func(r micro.Request) {
-			respond(r, DrainReply{Node: n.ID().String(), Draining: true})
-			go n.onDrain()
-		}},
+		{ControlPing, func([]byte) (any, error) { return n.Status(), nil }, nil},
+		{ControlStats, func([]byte) (any, error) { return n.Status(), nil }, nil},
+		{ControlHubs, func([]byte) (any, error) { return n.Hubs(), nil }, nil},
+		{ControlState, func(b []byte) (any, error) { return n.readState(b), nil }, nil},
+		{ControlDrain, func([]byte) (any, error) { return DrainReply{Node: n.ID().String(), Draining: true}, nil }, func() { go n.onDrain() }},
 	} {
-		if err := add(e.verb, e.h); err != nil {
-			_ = svc.Stop()
-			n.svc = nil
+		if err := svc.addEndpoint(e.verb, n.ControlSubject(e.verb), e.h, e.then); err != nil {
+			svc.stop()
 			return err
 		}
 	}
+	n.svc = svc
 	return nil
 }
 
@@ -306,7 +281,7 @@ func (n *Node) restartControl() {
 	stopped := n.svcStopped
 	n.svcMu.Unlock()
 	if old != nil {
-		_ = old.Stop()
+		old.stop()
 	}
 	if stopped {
 		return

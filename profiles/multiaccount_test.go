@@ -283,3 +283,57 @@ func TestForgedServiceReplyRefused(t *testing.T) {
 		})
 	}
 }
+
+// The nodes' micro service answers its discovery verbs ($SRV.PING, INFO,
+// STATS) only on a safe reply subject, as every control endpoint: nats.go's
+// micro.AddService answered them on any reply with the node's
+// permissions, so an operator's $SRV.PING with the reply
+// $KV.<state bucket>.<key> replaced a hub's durable state with the ping's
+// JSON (and the same onto a registry entry or under the prefix). Fails on
+// the old code: the state bucket held the JSON.
+func TestDiscoveryReflectionRefused(t *testing.T) {
+	e := newMultiSecured(t)
+	v := e.node(t, "victim", "node")
+	p := subjects.DefaultPrefix
+	reg, state := membership.BucketName(p), hubstate.BucketName(p)
+	stateKey := subjects.EncodeToken("kv/victim")
+	at := e.attacker(t, "operator")
+	for _, verb := range []string{"PING", "INFO", "STATS"} {
+		for _, subj := range []string{"$SRV." + verb, "$SRV." + verb + "." + mesh.ServiceName} {
+			for _, reply := range []string{"$KV." + state + "." + stateKey, "$KV." + reg + ".other-victim", p.Control("victim", mesh.ControlDrain)} {
+				if err := at.nc.PublishRequest(subj, reply, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	// Answered on an inbox, after the others (same subjects, in order).
+	for _, verb := range []string{"PING", "INFO", "STATS"} {
+		for _, subj := range []string{"$SRV." + verb, "$SRV." + verb + "." + mesh.ServiceName} {
+			if _, err := at.nc.Request(subj, nil, 5*time.Second); err != nil {
+				t.Fatalf("%s on an inbox: %v", subj, err)
+			}
+		}
+	}
+	js, err := jetstream.New(v.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for bucket, key := range map[string]string{state: stateKey, reg: "other-victim"} {
+		kv, err := js.KeyValue(ctxT(t), bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, err := kv.Get(ctxT(t), key); err == nil {
+			t.Errorf("a discovery answer was written into %s: %.80q", bucket, e.Value())
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Errorf("%s: %v", bucket, err)
+		}
+	}
+	if len(v.drains) != 0 {
+		t.Fatal("the victim was asked to drain")
+	}
+	if got := v.Status().IngressRefused; got < 18 {
+		t.Errorf("IngressRefused = %d, want the 18 reflecting requests counted", got)
+	}
+}
