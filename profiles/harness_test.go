@@ -43,7 +43,7 @@ const aliceAccount, bobAccount, bobUser = "ALICE", "BOB", "bob"
 // profiles in MESH, a client-profile user in each of the tenant accounts
 // ALICE ("client") and BOB ("bob"); nodes take the caller identity from
 // Nats-Request-Info.
-func newMultiSecured(t *testing.T) *secured {
+func newMultiSecured(t testing.TB) *secured {
 	t.Helper()
 	e := &secured{m: profiles.Mesh{}, keys: map[string]nkeys.KeyPair{}, caller: mesh.CallerFromRequestInfo}
 	user := func(name string, p profiles.Permissions) profiles.User {
@@ -105,7 +105,7 @@ func newSecured(t *testing.T, extra ...profiles.User) *secured {
 
 // auth returns the connect option of a profile's user ("open" for the
 // password user).
-func (e *secured) auth(t *testing.T, profile string) nats.Option {
+func (e *secured) auth(t testing.TB, profile string) nats.Option {
 	t.Helper()
 	switch profile {
 	case openUser:
@@ -123,7 +123,7 @@ func (e *secured) auth(t *testing.T, profile string) nats.Option {
 
 // conn connects as profile; an async error (a permission violation) fails
 // the test.
-func (e *secured) conn(t *testing.T, profile string, opts ...nats.Option) *nats.Conn {
+func (e *secured) conn(t testing.TB, profile string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	return natstest.Connect(t, e.s, append([]nats.Option{e.auth(t, profile)}, opts...)...)
 }
@@ -185,7 +185,7 @@ type testNode struct {
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func (e *secured) node(t *testing.T, name, profile string, opts ...mesh.Option) *testNode {
+func (e *secured) node(t testing.TB, name, profile string, opts ...mesh.Option) *testNode {
 	t.Helper()
 	nc := e.conn(t, profile, nats.Name(membership.ConnNamePrefix+name), nats.CustomInboxPrefix(profiles.NodeInboxPrefix(e.m.Prefix)))
 	tn := &testNode{nc: nc, drains: make(chan struct{}, 8), fatal: make(chan error, 1), lates: make(chan mesh.LateVerdict, 64), events: make(chan membership.Event, 64), gate: make(chan struct{})}
@@ -247,7 +247,7 @@ func (e *secured) node(t *testing.T, name, profile string, opts ...mesh.Option) 
 	return tn
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx
