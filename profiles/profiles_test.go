@@ -20,7 +20,7 @@ import (
 // With the node profile between nodes the mesh works as on an open account
 // (every async permission violation fails the test through natstest):
 // membership and claims, deliveries and requests between nodes, the
-// ingress for the client profile, control, discovery and registry reads
+// ingress for the client profile, control and discovery
 // for the operator profile, and departure by disconnect advisory.
 func TestProfilesServeTheMesh(t *testing.T) {
 	e := newSecured(t)
@@ -62,7 +62,7 @@ func TestProfilesServeTheMesh(t *testing.T) {
 		t.Fatalf("ingress answer: %q, %v", r.Data, verr)
 	}
 
-	// The operator profile: control, micro discovery, registry reads.
+	// The operator profile: control and micro discovery.
 	op := e.conn(t, "operator")
 	if _, err := op.Request(p.Control("a", mesh.ControlPing), nil, 5*time.Second); err != nil {
 		t.Fatalf("operator ping: %v", err)
