@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -70,8 +69,17 @@ type Config struct {
 	// Listen is the embedded server's client address; zero means
 	// DefaultListen (loopback). Port 0 picks a free port.
 	Listen string
-	// DataDir holds the embedded server's JetStream store; zero means
-	// DefaultDataDir.
+	// DataDir is the node's directory: the embedded server's JetStream
+	// store, and the node's lock and holder record (LockFile, HolderFile).
+	// The process holds an OS lock on it while it runs, so a second
+	// process on the directory refuses to start (ErrDataDirInUse), and a
+	// restart on the directory supersedes its own previous generation at
+	// once instead of watching it for up to a TTL: the lock proves the
+	// process that recorded it has exited (docs/operations.md,
+	// "Restarts"). It must be local to the machine. Zero means
+	// DefaultDataDir for an embedded server, and none on an external
+	// cluster (no lock; a restart then waits to see whether the old
+	// generation still heartbeats).
 	DataDir string
 	// Auth secures the embedded server with the three permission profiles
 	// of package profiles (DESIGN §10): one nkey user each for nodes,
@@ -231,7 +239,7 @@ func (c *Config) validate() error {
 	if !c.Standalone && hb >= ttl {
 		return fmt.Errorf("%w: the TTL (%v) must exceed the heartbeat (%v)", ErrInvalidConfig, ttl, hb)
 	}
-	if c.DataDir == "" {
+	if c.DataDir == "" && c.NATSURL == "" {
 		c.DataDir = DefaultDataDir
 	}
 	if c.Auth && c.NATSURL != "" {
@@ -345,18 +353,27 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 
+	// The data directory's lock first: a second process on it must not
+	// start anything (its embedded server would share the store), and
+	// the lock proves this directory's previous holders gone.
+	var dd *dataDir
+	if cfg.DataDir != "" {
+		dd, err = openDataDir(cfg.DataDir, cfg.Name, cfg.Prefix, log)
+		if err != nil {
+			return err
+		}
+		defer dd.Close()
+	}
 	var ns *server.Server
 	url := cfg.NATSURL
 	if url == "" {
-		var lock io.Closer
-		ns, lock, err = startEmbedded(&cfg)
+		ns, err = startEmbedded(&cfg)
 		if err != nil {
 			return err
 		}
 		defer func() {
 			ns.Shutdown()
 			ns.WaitForShutdown()
-			lock.Close()
 		}()
 		url, info.Embedded = ns.ClientURL(), true
 		if cfg.AdvisorySubject == "" {
@@ -419,6 +436,14 @@ func Run(ctx context.Context, cfg Config) error {
 			Heartbeat: cfg.Heartbeat, TTL: cfg.TTL, FencingDelay: cfg.FencingDelay, Replicas: cfg.KVReplicas,
 			StateReplicas: cfg.StateReplicas, StateMaxValueSize: cfg.StateMaxValueSize,
 			AdvisorySubject: cfg.AdvisorySubject, Replace: cfg.Replace,
+		}
+		if dd != nil {
+			ncfg.Membership.Predecessors = dd.Predecessors()
+			ncfg.Membership.OnGeneration = dd.Record
+			if p := ncfg.Membership.Predecessors; len(p) > 0 {
+				log.Info("this data directory's previous holder has exited (its lock was free): a registered generation it recorded is superseded at once",
+					"dir", cfg.DataDir, "generations", len(p), "newest", p[len(p)-1])
+			}
 		}
 	}
 	node, err := mesh.NewNode(ncfg, mesh.WithPlacementWait(cfg.PlacementWait))
@@ -545,25 +570,19 @@ func checkJetStream(ctx context.Context, nc *nats.Conn) error {
 
 // startEmbedded runs a nats-server in this process on cfg.Listen with
 // JetStream in cfg.DataDir.
-func startEmbedded(cfg *Config) (*server.Server, io.Closer, error) {
+// The caller holds the data directory's lock.
+func startEmbedded(cfg *Config) (*server.Server, error) {
 	if _, _, err := net.SplitHostPort(cfg.Listen); err != nil {
-		return nil, nil, fmt.Errorf("%w: listen %q: %w", ErrInvalidConfig, cfg.Listen, err)
+		return nil, fmt.Errorf("%w: listen %q: %w", ErrInvalidConfig, cfg.Listen, err)
 	}
 	// nats-server reports a busy port only in its log; check first so the
 	// error is clear.
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return nil, nil, fmt.Errorf("daemon: embedded NATS server cannot listen on %s: %w", cfg.Listen, err)
+		return nil, fmt.Errorf("daemon: embedded NATS server cannot listen on %s: %w", cfg.Listen, err)
 	}
 	bound := ln.Addr().String()
 	_ = ln.Close()
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return nil, nil, fmt.Errorf("daemon: data dir: %w", err)
-	}
-	lock, err := lockDir(cfg.DataDir)
-	if err != nil {
-		return nil, nil, err
-	}
 	var opts *server.Options
 	if cfg.Auth {
 		var keys AuthKeys
@@ -577,21 +596,18 @@ func startEmbedded(cfg *Config) (*server.Server, io.Closer, error) {
 		opts, err = EmbeddedOptions(bound, cfg.DataDir, "meshd-"+cfg.Name)
 	}
 	if err != nil {
-		lock.Close()
-		return nil, nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
+		return nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
-		lock.Close()
-		return nil, nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
+		return nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(15 * time.Second) {
 		ns.Shutdown()
-		lock.Close()
-		return nil, nil, fmt.Errorf("daemon: embedded NATS server on %s not ready in 15s", cfg.Listen)
+		return nil, fmt.Errorf("daemon: embedded NATS server on %s not ready in 15s", cfg.Listen)
 	}
-	return ns, lock, nil
+	return ns, nil
 }
 
 // connect dials NATS with the configured credentials; it reconnects forever.

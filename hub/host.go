@@ -17,8 +17,15 @@ import (
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
-// ClaimTimeout bounds a directory claim on the intake.
+// ClaimTimeout bounds the KV work of a directory claim on the intake.
 const ClaimTimeout = 2 * time.Second
+
+// TakeoverWait is how long beyond ClaimTimeout a claim may wait for a
+// departed owner's fencing delay (membership.DefaultFencingDelay, 2 s),
+// its parked deliveries with it; a longer wait is refused resendable. A
+// parked delivery's sender awaits its reply meanwhile: ClaimTimeout plus
+// TakeoverWait stays under the Go sender's leg timeout (5 s).
+const TakeoverWait = 2 * time.Second
 
 // Defaults for zero Config fields.
 const (

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go"
@@ -92,7 +93,7 @@ func (h *Host) runClaim(op *claimOp) {
 	var err error
 	select {
 	case h.claimSem <- struct{}{}:
-		ctx, cancel := context.WithTimeout(h.ctx, ClaimTimeout)
+		ctx, cancel := context.WithTimeout(h.ctx, ClaimTimeout+TakeoverWait)
 		g, err = h.cfg.Claims.Claim(ctx, addr)
 		cancel()
 		<-h.claimSem
@@ -177,6 +178,14 @@ func (h *Host) runClaim(op *claimOp) {
 // The claim's own timeout is not kept in the error chain: it is not a leg
 // timeout (nothing was accepted), and the predicates read a timeout
 // anywhere in the chain as one.
+//
+// A resendable verdict of the claim's own (the address's owner departed
+// and its fencing delay has yet to run) is the refusal as it is: the
+// directory is not what failed.
 func claimFailed(addr subjects.Address, err error) error {
+	var ve *verdict.Error
+	if errors.As(err, &ve) && ve.Reason != verdict.ReasonUnknown && verdict.IsResendable(ve) {
+		return ve
+	}
 	return &verdict.Error{Reason: verdict.ReasonDirectoryDown, Message: "claim " + string(addr) + ": " + err.Error()}
 }

@@ -114,6 +114,19 @@ type MembershipConfig struct {
 	// the server's max_payload). A larger save fails with
 	// hub.ErrStateTooLarge before anything is written.
 	StateMaxValueSize int
+	// Predecessors are generations of the node's name proven to have
+	// exited (membership.Config.Predecessors): a registered one is
+	// superseded at once, and survivors take its addresses over without
+	// the fencing delay. meshd reads them from its data directory, whose
+	// OS lock proves the processes that recorded them gone. Naming a
+	// generation whose process may live lets two processes serve.
+	Predecessors []uint64
+	// OnGeneration, if set, is called with each generation of the node
+	// before it is announced (at Start and at every rejoin); an error
+	// stops that join. meshd records the generation in its data
+	// directory there, so that the next process on the directory can
+	// prove it gone.
+	OnGeneration func(subjects.NodeID) error
 	// DisableState opens no state bucket: hub.LoadState fails with
 	// hub.ErrNoStateStore (the kv kind then keeps its map in memory only).
 	DisableState bool

@@ -107,9 +107,15 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: inc.announced, Version: Version,
 		Heartbeat: mc.Heartbeat, TTL: mc.TTL, FencingDelay: mc.FencingDelay, Replicas: mc.Replicas,
 		AdvisorySubject: mc.AdvisorySubject, Replace: mc.Replace || rejoin, // a rejoin replaces its own fenced generation
-		Subscriber: mc.Subscriber,
-		Logger:     n.cfg.Logger,
+		Subscriber:   mc.Subscriber,
+		Predecessors: mc.Predecessors,
+		Logger:       n.cfg.Logger,
 		BeforeAnnounce: func(id subjects.NodeID) (func(), error) {
+			if f := mc.OnGeneration; f != nil {
+				if err := f(id); err != nil {
+					return nil, err
+				}
+			}
 			h, err := n.newHost(id, claims, fence, turnFence, await)
 			if err != nil {
 				return nil, err

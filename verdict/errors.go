@@ -34,6 +34,10 @@ const (
 	ReasonInvalidID      // the delivery ID is not 1-128 bytes of printable ASCII without spaces
 	ReasonResponseGone   // a duplicate of a handled request whose response is no longer kept
 	ReasonOutOfOrder     // a windowed lane's leg arrived out of its sequence (DESIGN §4)
+	// Added in round 3 (issue 24: every Failed reply names its reason).
+	ReasonTimeout  // a leg or an awaited response timed out inside the mesh: the callee may hold it
+	ReasonCanceled // the sender's own context was cancelled
+	ReasonInternal // a failure the protocol has no other name for; Mesh-Message says what
 	numReasons
 )
 
@@ -58,6 +62,9 @@ var reasonNames = [numReasons]string{
 	ReasonInvalidID:        "invalid-id",
 	ReasonResponseGone:     "response-gone",
 	ReasonOutOfOrder:       "out-of-order",
+	ReasonTimeout:          "timeout",
+	ReasonCanceled:         "canceled",
+	ReasonInternal:         "internal",
 }
 
 // String returns the reason's wire name, e.g. "not-owner".
@@ -108,6 +115,9 @@ var ladder = [numReasons]rung{
 	ReasonInvalidID:        {Failed, false, false},
 	ReasonResponseGone:     {Failed, false, false},
 	ReasonOutOfOrder:       {ShuttingDown, true, true},
+	ReasonTimeout:          {Failed, true, false},
+	ReasonCanceled:         {Failed, false, false},
+	ReasonInternal:         {Failed, false, false},
 }
 
 // Sentinels, one per [Reason]. Every *[Error] of the same reason matches its
@@ -180,6 +190,16 @@ var (
 	// sender re-sends from its first unaccepted delivery, in order, in a
 	// new lane epoch (DESIGN §4, docs/protocol.md).
 	ErrOutOfOrder = sentinel(ReasonOutOfOrder, "out of order in its lane")
+	// ErrTimeout: a leg, or the response a request awaited, timed out
+	// inside the mesh (a node's sender reports it so on the wire, e.g. to
+	// an ingress caller). Failed, transient but not resendable: the callee
+	// may hold the delivery (DESIGN §3).
+	ErrTimeout = sentinel(ReasonTimeout, "timed out")
+	// ErrCanceled: the sending node's own context was cancelled. Failed.
+	ErrCanceled = sentinel(ReasonCanceled, "canceled")
+	// ErrInternal: a failure the protocol has no other reason for (the
+	// message says what). Failed.
+	ErrInternal = sentinel(ReasonInternal, "internal failure")
 )
 
 func sentinel(r Reason, msg string) *Error {

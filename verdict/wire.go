@@ -37,10 +37,10 @@ func Encode(h nats.Header, err error, node string) {
 		}
 		return
 	}
-	h.Set(HeaderVerdict, Classify(err).String())
+	typ := Classify(err)
+	h.Set(HeaderVerdict, typ.String())
 	h.Set(HeaderMessage, wireMessage(err))
-	r := ReasonOf(err)
-	if r != ReasonUnknown {
+	if r := WireReason(err); r != ReasonUnknown {
 		h.Set(HeaderReason, r.String())
 	}
 	var e *Error
@@ -50,6 +50,78 @@ func Encode(h nats.Header, err error, node string) {
 	if node != "" {
 		h.Set(HeaderNode, node)
 	}
+}
+
+// WireReason is the reason a reply reports for err: the reason of the
+// first *[Error] in the graph whose verdict is err's own ([Classify]) and,
+// when err says the callee may hold the delivery (a timeout, an unknown
+// outcome), one that says so too; else the fact the graph holds: the
+// sender's cancellation (ReasonCanceled), a timeout (ReasonTimeout), NATS
+// no responders on a delivery subject (ReasonDeparted), a closing
+// connection (ReasonClosing), an oversized or malformed message. Every
+// Failed verdict of this node's has one — ReasonInternal when nothing is
+// known — so a reply never says Failed without saying why (issue 24).
+// ReasonUnknown is returned only for nil, for a resendable fact the
+// protocol names no reason for (this sender's own link dropped), and for a
+// verdict relayed from a peer that gave no reason this node knows (it is
+// relayed as the peer said it).
+func WireReason(err error) Reason {
+	if err == nil {
+		return ReasonUnknown
+	}
+	typ := Classify(err)
+	f := collect(err)
+	var found Reason
+	peer := false // a verdict a peer sent without a reason this node knows
+	var walk func(error) bool
+	walk = func(err error) bool {
+		if err == nil {
+			return false
+		}
+		if e, ok := err.(*Error); ok && e.Reason == ReasonUnknown {
+			peer = true
+		}
+		if e, ok := err.(*Error); ok && e.Reason != ReasonUnknown {
+			r := e.rung()
+			if r.typ == typ && (!f.mayHold || r.transient && !r.resendable) {
+				found = e.Reason
+				return true
+			}
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			return walk(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if walk(e) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if walk(err) {
+		return found
+	}
+	switch {
+	case f.canceled:
+		return ReasonCanceled
+	case f.mayHold:
+		return ReasonTimeout
+	case errors.Is(err, nats.ErrMaxPayload):
+		return ReasonPayloadTooLarge
+	case errors.Is(err, nats.ErrBadSubject):
+		return ReasonInvalidAddress
+	case errors.Is(err, nats.ErrInvalidMsg), errors.Is(err, nats.ErrHeadersNotSupported):
+		return ReasonBadRequest
+	case typ == ShuttingDown && errors.Is(err, nats.ErrNoResponders):
+		return ReasonDeparted
+	case typ == ShuttingDown && (errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionDraining)):
+		return ReasonClosing
+	case typ == Failed && !peer:
+		return ReasonInternal
+	}
+	return ReasonUnknown
 }
 
 // wireMessage is the detail of err for Mesh-Message: the message (and local

@@ -52,6 +52,7 @@ type options struct {
 	standalone, auth, insecureListen                    bool
 	authDir                                             string
 	replace                                             bool
+	dataDirSet                                          bool // --data-dir (or MESHD_DATA_DIR) given
 	kvReplicas                                          int
 	stateReplicas, stateMaxValue                        int
 
@@ -113,7 +114,7 @@ OTEL_BSP_* apply. An invalid value is a configuration error.
 Exit codes: 0 after a clean drain; 1 bad usage or configuration (unknown
 flag, invalid name, address or duration, malformed NATS URL, invalid
 environment value, unknown hub kind); 2 the node could not start (port in
-use, NATS unreachable, the login refused: the line says which credentials
+use, its --data-dir held by another meshd, NATS unreachable, the login refused: the line says which credentials
 to give, no JetStream for the membership), its drain was cut short by
 --drain-timeout, or a newer incarnation of its name took over; 130 a second
 signal during the drain.`,
@@ -134,7 +135,7 @@ signal during the drain.`,
 	f.Var(checked(&o.natsURL, optional(natsurl.Validate)), "nats-url", "join this external NATS cluster instead of running an embedded server; comma-separated URLs (nats://HOST:PORT, tls://, ws://, wss://)")
 	o.listen, o.dataDir = daemon.DefaultListen, daemon.DefaultDataDir
 	f.Var(checked(&o.listen, checkAddr), "listen", "embedded NATS server client address")
-	f.Var(checked(&o.dataDir, checkDir), "data-dir", "embedded NATS server JetStream directory")
+	f.Var(checked(&o.dataDir, checkDir), "data-dir", "the node's directory: the embedded NATS server's JetStream store, and the node's lock and holder record; meshd holds an OS lock on it (a second meshd on it exits 2), and a restart on it supersedes its own crashed generation at once (docs/operations.md, Restarts). Must be local to the machine. With --nats-url it is used only when set")
 	f.BoolVar(&o.auth, "auth", false, "secure the embedded NATS server: nkey users for the node, client and operator permission profiles, seeds generated into --auth-dir; meshd connects as node (SECURITY.md)")
 	f.Var(checked(&o.authDir, optional(checkDir)), "auth-dir", "where --auth keeps the seeds node.nk, client.nk, operator.nk (mode 0600); empty means <data-dir>/auth")
 	f.BoolVar(&o.insecureListen, "insecure-listen", false, "let the embedded NATS server listen beyond loopback without --auth")
@@ -183,8 +184,11 @@ signal during the drain.`,
 		if err := o.checkSettings(); err != nil {
 			return usageError{err}
 		}
+		o.dataDirSet = f.Changed("data-dir")
 		return nil
 	}
+	cmd.AddCommand(newDrainCmd(stdout))
+	cmd.CompletionOptions.DisableDefaultCmd = true
 	cmd.SetVersionTemplate("meshd {{.Version}}\n")
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
@@ -252,9 +256,13 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 			kinds = append(kinds, k)
 		}
 	}
+	dataDir := o.dataDir
+	if o.natsURL != "" && !o.dataDirSet {
+		dataDir = "" // on an external cluster: no directory unless one is given
+	}
 	cfg := daemon.Config{
 		Name: o.name, Prefix: subjects.Prefix(o.prefix), Hubs: kinds, TracingFromEnv: true,
-		NATSURL: o.natsURL, Listen: o.listen, DataDir: o.dataDir,
+		NATSURL: o.natsURL, Listen: o.listen, DataDir: dataDir,
 		Auth: o.auth, AuthDir: o.authDir, InsecureListen: o.insecureListen,
 		CredsFile: o.creds, NKeyFile: o.nkey, User: o.user, Password: o.password,
 		TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSCA: o.tlsCA,

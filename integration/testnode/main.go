@@ -22,6 +22,7 @@
 //	       its change and its save; its save's outcome, and
 //	       every failed save, is reported to "test.save" (headers Test-Node,
 //	       Test-Address, Test-Value, Test-Err), acknowledged and retried
+//	fail   every handler turn returns an error (handler-error)
 //	nlane  the nemesis's lane hub (integration.TestNemesis): responds with
 //	       the payload
 //	nkv    the nemesis's kv hub: one durable register per address (DESIGN
@@ -77,6 +78,7 @@ func main() {
 	replace := flag.Bool("replace", false, "supersede a live node of the same name")
 	holdSave := flag.Duration("hold-save", 3*time.Second, "how long a dctr delivery with payload \"hold\" waits before its save")
 	reportFactories := flag.Bool("report-factories", false, "report each factory run of the count kinds to test.factory")
+	dataDir := flag.String("data-dir", "", "the node's data directory (lock and holder record, as meshd's --data-dir); empty: none")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -171,13 +173,18 @@ func main() {
 	})
 	err = daemon.Run(ctx, daemon.Config{
 		Name: *name, NATSURL: *url, KVReplicas: *replicas, Heartbeat: *hb, TTL: *ttl, DrainTimeout: *drain,
-		DisableIngress: !*ingress, HTTP: *httpAddr, Replace: *replace,
+		DisableIngress: !*ingress, HTTP: *httpAddr, Replace: *replace, DataDir: *dataDir,
 		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 		Kinds: map[string]hub.Factory{
 			"hold": func(context.Context, subjects.Address) (hub.Hub, error) {
 				return hub.HandlerFunc(func(ctx context.Context, d *hub.Delivery) error {
 					<-ctx.Done()
 					return ctx.Err()
+				}), nil
+			},
+			"fail": func(context.Context, subjects.Address) (hub.Hub, error) {
+				return hub.HandlerFunc(func(context.Context, *hub.Delivery) error {
+					return errors.New("the fail kind fails every delivery")
 				}), nil
 			},
 			"count": counting(0),

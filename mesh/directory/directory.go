@@ -345,8 +345,19 @@ func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (hub.Grant
 			return hub.Grant{Owner: c.Owner}, nil
 		}
 		// Not alive: take over once it had time to fence itself (the
-		// fencing delay), under the revision check.
+		// fencing delay), under the revision check. The wait is not
+		// charged to the claim's KV work: a wait that would leave less
+		// than ClaimWorkReserve of ctx for it is refused at once, as the
+		// departure it is (resendable: nothing was accepted), instead of
+		// running ctx out in the KV round trips after it and reporting a
+		// healthy directory as unavailable (issue 24: a read 10.1 s after
+		// an owner's SIGKILL failed "directory-unavailable … context
+		// deadline exceeded").
 		if wait := time.Until(d.takeoverAt(c.Owner)); wait > 0 {
+			if dl, ok := ctx.Deadline(); ok && time.Now().Add(wait+ClaimWorkReserve).After(dl) {
+				return hub.Grant{}, &verdict.Error{Reason: verdict.ReasonDeparted,
+					Message: fmt.Sprintf("claim %s: its owner %s is gone and its fencing delay has %v to run before the address is taken over", addr, c.Owner, wait.Round(time.Millisecond))}
+			}
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
@@ -366,6 +377,11 @@ func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (hub.Grant
 	}
 	return hub.Grant{}, fmt.Errorf("directory: claim %s: contended", addr)
 }
+
+// ClaimWorkReserve is what a claim that waits for a departed owner's
+// fencing delay keeps of its context for the KV round trips after the wait;
+// a longer wait is refused at once (verdict.ErrDeparted, resendable).
+const ClaimWorkReserve = time.Second
 
 // takeoverAt is when a claim naming owner, a generation that is not alive,
 // may be taken over: for a generation this node saw depart (or, by a newer

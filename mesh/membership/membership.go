@@ -131,6 +131,12 @@ type Member struct {
 	// it is not a mesh node: listings show it apart and membership
 	// metrics leave it out.
 	Subscriber bool `json:"subscriber,omitempty"`
+	// Supersedes is the generation of this name that this one replaced
+	// with proof that its process has exited (Config.Predecessors: meshd
+	// found it recorded in its data directory, whose lock it now holds).
+	// Survivors take that generation's addresses over at once, without
+	// the fencing delay: a process that has exited runs no turns.
+	Supersedes uint64 `json:"supersedes,omitempty"`
 }
 
 // Hosts reports whether the member hosts kind.
@@ -216,6 +222,17 @@ type Config struct {
 	// generation of its name (a deliberate takeover). Without it Join
 	// returns ErrNameInUse before writing anything.
 	Replace bool
+	// Predecessors are generations of this node's name whose processes
+	// are proven to have exited: meshd recorded them in its data
+	// directory, and holding that directory's OS lock now proves the
+	// processes that held it gone (docs/operations.md, "Restarts"). A
+	// registered generation among them is superseded at once: Join does
+	// not wait to see whether it still heartbeats (as it does for any
+	// other registered generation without Replace), and the new entry
+	// names it (Member.Supersedes) so that survivors take its addresses
+	// over without the fencing delay. Only a caller that can prove it may
+	// set this: naming a live generation here lets two processes serve.
+	Predecessors []uint64
 	// BeforeAnnounce, if set, is called with the generation Join is about
 	// to write, before it is written: the node subscribes its delivery
 	// subject there, so a sender that reads the new generation never meets
@@ -278,6 +295,7 @@ type Membership struct {
 	mu        sync.RWMutex
 	live      map[string]*liveMember // by name: the live generation
 	departed  map[subjects.NodeID]time.Time
+	proof     map[subjects.NodeID]bool // departed generations superseded with proof their process exited (pruned with departed)
 	joinedAt  time.Time
 	rev       uint64 // revision of our own entry
 	listeners map[int]func(Event)
@@ -313,9 +331,10 @@ type Membership struct {
 	foreign   atomic.Int64 // own entry found overwritten by another writer
 	lastWrite [4][]byte    // the values this node last tried to write for its entry, newest at lastN%4 (under wmu)
 	lastN     int
-	leaving   atomic.Bool   // Leave is deleting our entry: our own departure is no news
-	supersede atomic.Bool   // the registration was lost to a newer generation of the name
-	ready     chan struct{} // the registry's initial state was read
+	leaving   atomic.Bool     // Leave is deleting our entry: our own departure is no news
+	supersede atomic.Bool     // the registration was lost to a newer generation of the name
+	judged    subjects.NodeID // the registered generation checkName let this node supersede (zero: none was registered)
+	ready     chan struct{}   // the registry's initial state was read
 	readyOnce sync.Once
 	beatNow   chan struct{} // a reconnect asks for a heartbeat at once
 	status    chan nats.Status
@@ -372,22 +391,29 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Membership{
 		cfg: cfg, log: cfg.Logger, kv: kv,
-		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{},
+		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{}, proof: map[subjects.NodeID]bool{},
 		listeners: map[int]func(Event){},
 		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1), rewatch: make(chan struct{}, 1),
 		ctx: mctx, cancel: cancel, joinedAt: time.Now(),
 	}
 	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC(), Subscriber: cfg.Subscriber}
 	slices.Sort(m.self.Kinds)
-	if !cfg.Replace {
-		if err := m.checkName(ctx); err != nil {
+	for attempt := 0; ; attempt++ {
+		if !cfg.Replace {
+			if err := m.checkName(ctx); err != nil {
+				cancel()
+				return nil, err
+			}
+		}
+		err := Retry(ctx, func() error { return m.register(ctx) })
+		if errors.Is(err, errRecheck) && attempt < 10 {
+			continue // registered by another process since it was judged
+		}
+		if err != nil {
 			cancel()
 			return nil, err
 		}
-	}
-	if err := Retry(ctx, func() error { return m.register(ctx) }); err != nil {
-		cancel()
-		return nil, err
+		break
 	}
 	m.log = cfg.Logger.With("node", m.self.Node.String())
 	if cfg.AdvisorySubject != "-" {

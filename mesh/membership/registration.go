@@ -29,7 +29,13 @@ func (m *Membership) checkName(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("membership: read registry: %w", err)
 	}
+	m.judged = first.Node
 	if firstRev == 0 {
+		return nil
+	}
+	if m.proven(first.Node) {
+		m.cfg.Logger.Info("the registered generation of this node's name ran on this node's data directory, whose lock is now free: its process has exited; superseding it at once",
+			"generation", first.Node.String())
 		return nil
 	}
 	if time.Since(first.BeatAt) > m.cfg.TTL+m.cfg.Heartbeat {
@@ -49,6 +55,7 @@ func (m *Membership) checkName(ctx context.Context) error {
 		case err != nil:
 			continue
 		case rev == 0:
+			m.judged = subjects.NodeID{}
 			return nil // it left or was removed
 		case cur.Node != first.Node || cur.Beat != first.Beat || rev != firstRev:
 			return fmt.Errorf("%w: %s is live (heartbeating); start with --replace to take its name over, or pick another name", ErrNameInUse, cur.Node)
@@ -56,6 +63,16 @@ func (m *Membership) checkName(ctx context.Context) error {
 	}
 	return nil // silent for a TTL: gone
 }
+
+// proven reports whether node is a generation of this node's name whose
+// process is proven gone (Config.Predecessors).
+func (m *Membership) proven(node subjects.NodeID) bool {
+	return node.Name == m.cfg.Name && node.Generation != 0 && slices.Contains(m.cfg.Predecessors, node.Generation)
+}
+
+// errRecheck: the registry entry register read is not the one checkName
+// judged (another process registered in between): judge it again.
+var errRecheck = errors.New("membership: the registry entry changed since it was judged")
 
 // readEntry returns name's registry entry and revision (0 when absent).
 func (m *Membership) readEntry(ctx context.Context, name string) (Member, uint64, error) {
@@ -141,7 +158,7 @@ func (m *Membership) register(ctx context.Context) error {
 	name := m.cfg.Name
 	for range 10 {
 		gen := uint64(time.Now().UnixNano())
-		var prev uint64
+		var prev, supersedes uint64
 		e, err := m.kv.Get(ctx, name)
 		switch {
 		case err == nil:
@@ -152,8 +169,19 @@ func (m *Membership) register(ctx context.Context) error {
 			}
 			// An entry that does not parse is replaced (under the revision
 			// check) by a generation from the clock.
-			if old, ok := m.parse(e); ok && old.Node.Generation >= gen {
+			old, ok := m.parse(e)
+			if ok && old.Node.Generation >= gen {
 				gen = old.Node.Generation + 1
+			}
+			if ok && !m.cfg.Replace && old.Node != m.judged && old.Node != m.Self().Node {
+				// Neither the entry checkName judged nor one this Join
+				// wrote (an attempt whose reply was lost): another
+				// process registered meanwhile.
+				return errRecheck
+			}
+			supersedes = 0
+			if ok && m.proven(old.Node) {
+				supersedes = old.Node.Generation
 			}
 			prev = e.Revision()
 		case errors.Is(err, jetstream.ErrKeyNotFound):
@@ -162,6 +190,7 @@ func (m *Membership) register(ctx context.Context) error {
 		}
 		self := m.self
 		self.Node = subjects.NodeID{Name: name, Generation: gen}
+		self.Supersedes = supersedes
 		self.ServerID, self.ClientID = m.connIdentity()
 		self.BeatAt = time.Now().UTC()
 		m.mu.Lock()

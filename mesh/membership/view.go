@@ -50,9 +50,15 @@ func (m *Membership) Gone(node subjects.NodeID) bool {
 // and never before this node's own join plus the fencing delay. The zero
 // time means at once. A generation this node does not know (Known false)
 // is judged by UnseenTakeoverAt instead.
+//
+// A generation that a newer one of its name superseded with proof that
+// its process has exited (Member.Supersedes) may be taken over at once.
 func (m *Membership) TakeoverAt(node subjects.NodeID) time.Time {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
+	if m.provenGoneLocked(node) {
+		return time.Time{}
+	}
 	if at, ok := m.departed[node]; ok {
 		return at.Add(m.cfg.FencingDelay)
 	}
@@ -166,6 +172,7 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 	for n, at := range m.departed { // bounded: only recent departures
 		if now.Sub(at) > keep {
 			delete(m.departed, n)
+			delete(m.proof, n)
 		}
 	}
 	m.mu.Unlock()
@@ -185,4 +192,21 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 	}
 	m.emit(Event{Type: t, Member: v.Member, At: now, Latency: lat, Reason: reason})
 	return true
+}
+
+// provenGoneLocked reports whether the live generation of node's name, or
+// this node itself, superseded node with proof that its process exited
+// (Member.Supersedes). Called with mu held.
+func (m *Membership) provenGoneLocked(node subjects.NodeID) bool {
+	if node.Generation == 0 {
+		return false
+	}
+	if m.proof[node] {
+		return true
+	}
+	if m.self.Node.Name == node.Name && m.self.Supersedes == node.Generation {
+		return true
+	}
+	v, ok := m.live[node.Name]
+	return ok && v.Node.Generation > node.Generation && v.Supersedes == node.Generation
 }

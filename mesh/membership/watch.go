@@ -97,7 +97,14 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		}
 		m.mu.Unlock()
 		if had {
-			m.depart(old.Node, Superseded, v.Started, "")
+			reason := ""
+			if v.Supersedes == old.Node.Generation {
+				reason = "its successor proved its process gone (it holds the data directory's lock): taken over at once"
+				m.mu.Lock()
+				m.proof[old.Node] = true // before the departure's listeners ask TakeoverAt
+				m.mu.Unlock()
+			}
+			m.depart(old.Node, Superseded, v.Started, reason)
 		}
 		m.mu.Lock()
 		m.live[name] = &liveMember{Member: v, seen: now, rev: rev, since: time.Now()}
