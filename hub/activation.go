@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -52,6 +53,11 @@ type activation struct {
 	stateHandle *State // durable state, once LoadState took it over (state.go)
 
 	lanes map[laneID]*laneState // windowed lanes' positions (lanes.go)
+
+	readOnly map[string]bool // delivery types the hub marks read-only (readonly.go); set before Ready
+
+	reentrant bool                     // the hub lets requests of its own call chain in (chain.go); set before Ready
+	current   atomic.Pointer[turnInfo] // the exclusive turn running, for reentrancy
 }
 
 // enqueue puts e in the inbox, or refuses it (full inbox, activation gone).
@@ -70,6 +76,14 @@ func (a *activation) enqueue(e *entry, startTurn bool) error {
 	}
 	if err := a.laneCheckLocked(e); err != nil {
 		return err
+	}
+	if e.Chain.Has(a.addr) {
+		if err := a.cycleLocked(e); err != nil {
+			return err
+		}
+		a.lastActive = time.Now()
+		a.laneAdvanceLocked(e, a.lastActive)
+		return nil // runs at once, beside the waiting turn (runReentrant)
 	}
 	if len(a.queue)-a.head >= a.host.cfg.InboxSize {
 		return verdict.New(verdict.ReasonInboxFull, "inbox of %s is full (%d deliveries)", a.addr, a.host.cfg.InboxSize)
@@ -126,8 +140,16 @@ func (a *activation) turns() {
 			return
 		}
 		hub := a.hub
-		if b, ok := hub.(Batcher); ok && len(a.queue)-a.head > 1 {
-			n := min(len(a.queue)-a.head, MaxBatch)
+		if a.readOnlyLocked(a.queue[a.head]) {
+			a.mu.Unlock()
+			a.readTurns(hub)
+			continue
+		}
+		if b, ok := hub.(Batcher); ok && len(a.queue)-a.head > 1 && !a.readOnlyLocked(a.queue[a.head+1]) {
+			n := 0 // the exclusive deliveries at the head, up to MaxBatch
+			for n < MaxBatch && a.head+n < len(a.queue) && !a.readOnlyLocked(a.queue[a.head+n]) {
+				n++
+			}
 			batch := make([]*entry, n)
 			copy(batch, a.queue[a.head:a.head+n])
 			clear(a.queue[a.head : a.head+n])
@@ -140,17 +162,7 @@ func (a *activation) turns() {
 		a.queue[a.head] = nil
 		a.head++
 		a.mu.Unlock()
-		if err := a.host.serving(); err != nil {
-			// Fenced while it waited (e.g. the process was frozen and
-			// declared gone): another node may own the address now, so
-			// handling it here could run it out of order or twice.
-			a.host.fail(e, err)
-			continue
-		}
-		if !e.taken.CompareAndSwap(false, true) {
-			continue // already failed (closing)
-		}
-		a.handle(hub, e)
+		a.turn(hub, e)
 	}
 }
 
@@ -163,6 +175,11 @@ func (a *activation) handle(hub Hub, e *entry) {
 	var span trace.Span // nil: tracing off
 	if h.tracer != nil {
 		ctx, span = h.startTurn(d)
+	}
+	ctx, ti := e.turnContext(ctx, a.addr)
+	if !e.reentrant && !a.readOnly[d.Type] {
+		a.setCurrent(ti)
+		defer a.setCurrent(nil)
 	}
 	err := func() (err error) {
 		defer func() {
@@ -221,6 +238,9 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	if h.tracer != nil {
 		ctx, span = h.startBatchTurn(ds)
 	}
+	ctx, ti := withTurn(ctx, a.addr, ds...)
+	a.setCurrent(ti)
+	defer a.setCurrent(nil)
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -255,13 +275,27 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 func (a *activation) build(f Factory) {
 	h := a.host
 	defer h.wg.Done()
+	var ro map[string]bool // the hub's read-only delivery types
+	var reentrant bool
 	hub, err := func() (hub Hub, err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err = fmt.Errorf("factory panic: %v", r)
 			}
 		}()
-		return f(context.WithValue(h.ctx, activationKey{}, a), a.addr)
+		hub, err = f(context.WithValue(h.ctx, activationKey{}, a), a.addr)
+		if r, ok := hub.(Reentrant); ok && err == nil {
+			reentrant = r.Reentrant()
+		}
+		if r, ok := hub.(ReadOnly); ok && err == nil {
+			for _, t := range r.ReadOnlyTypes() {
+				if ro == nil {
+					ro = map[string]bool{}
+				}
+				ro[t] = true
+			}
+		}
+		return hub, err
 	}()
 	if err == nil && hub == nil {
 		err = fmt.Errorf("factory returned a nil hub")
@@ -294,6 +328,7 @@ func (a *activation) build(f Factory) {
 		return
 	}
 	a.hub = hub
+	a.readOnly, a.reentrant = ro, reentrant
 	a.state = stateReady
 	a.lastActive = time.Now()
 	a.startTurnLocked()
@@ -397,6 +432,9 @@ func (a *activation) deactivate() {
 		c.Release(tok)
 	}
 }
+
+// setCurrent records the exclusive turn running (nil: none).
+func (a *activation) setCurrent(t *turnInfo) { a.current.Store(t) }
 
 // claimToken returns the claim the activation holds.
 func (a *activation) claimToken() ClaimToken {

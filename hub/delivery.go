@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
@@ -76,6 +77,15 @@ type Delivery struct {
 	// empty for a node's own sender. Established by the ingress node from
 	// what the NATS server tells it, never from the client's message.
 	Caller string
+	// Reminder is the name of the reminder this delivery is a fire of
+	// (HeaderReminder), or empty; Due is that fire's due time. Each
+	// attempt of one fire carries the same ID, so a re-fire after a
+	// fault is recognised by the intake's dedupe like any re-send.
+	Reminder string
+	Due      time.Time
+	// Chain is the call chain of a request sent from another hub's turn
+	// (HeaderChain): the addresses waiting on it, outermost first.
+	Chain Chain
 
 	key string // dedupe key: (Caller, ID)
 
@@ -133,4 +143,9 @@ type entry struct {
 	// (HeaderLane); seq 0 means none.
 	epoch string
 	seq   uint64
+	// reentrant: its chain names its own address and it runs at once
+	// beside the waiting turn of that chain (chain.go).
+	reentrant bool
+	// tc is its turn's context (chain.go), set when its turn starts.
+	tc turnCtx
 }

@@ -3,6 +3,7 @@ package hub
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -111,6 +112,10 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 		break
 	}
 	h.answerAccepted(m, e)
+	if e.reentrant {
+		a.runReentrant(e)
+		return
+	}
 	a.kick() // after the reply: its turn does not delay it
 }
 
@@ -200,6 +205,18 @@ func (h *Host) parse(m *nats.Msg) (*entry, error) {
 	e.Type = hdr.Get(HeaderType)
 	if len(e.Type) > MaxTypeLen {
 		return nil, verdict.New(verdict.ReasonBadRequest, "header %s over %d bytes", HeaderType, MaxTypeLen)
+	}
+	if r := hdr.Get(HeaderReminder); r != "" {
+		due, err := time.Parse(time.RFC3339Nano, hdr.Get(HeaderReminderDue))
+		if err != nil || len(r) > MaxIDLen {
+			return nil, verdict.New(verdict.ReasonBadRequest, "header %s needs %s in RFC 3339 and at most %d bytes", HeaderReminder, HeaderReminderDue, MaxIDLen)
+		}
+		e.Reminder, e.Due = r, due
+	}
+	if v := hdr.Get(HeaderChain); v != "" {
+		if e.Chain, err = ParseChain(v); err != nil {
+			return nil, err
+		}
 	}
 	e.Attempt = 1
 	if s := hdr.Get(HeaderAttempt); s != "" {

@@ -53,6 +53,14 @@ const (
 	// most [MaxCallerLen] bytes of printable ASCII without spaces; absent
 	// for a node's own deliveries.
 	HeaderCaller = "Mesh-Caller"
+	// HeaderReminder names the reminder a delivery is a fire of
+	// (DESIGN §13, package mesh/reminders): 1-128 bytes of printable
+	// ASCII without spaces. Set only by a node's reminder runner (the
+	// ingress forwards no such header), with HeaderReminderDue.
+	HeaderReminder = "Mesh-Reminder"
+	// HeaderReminderDue is the due time of a reminder's fire, RFC 3339
+	// with nanoseconds, UTC.
+	HeaderReminderDue = "Mesh-Reminder-Due"
 	// HeaderAnswer marks a message sent to an answer subject: "verdict" (a
 	// late verdict that replaces the earlier Accepted) or "response" (the
 	// handler's response). It carries HeaderID and the verdict headers.

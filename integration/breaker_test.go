@@ -46,6 +46,7 @@ func (r *brkRecorder) factory(context.Context, subjects.Address) (hub.Hub, error
 // client's. Every delivery ends accepted (re-sent under its ID, deduped),
 // is handled exactly once, and each lane is handled in call order.
 func TestBreakerServerRestartMidWindow(t *testing.T) {
+	longTest(t)
 	tb := time.Now()
 	b := Build(t)
 	t.Logf("built in %v", time.Since(tb))

@@ -31,6 +31,7 @@ var chaosDuration = flag.Duration("chaos", 8*time.Second, "how long TestClusterC
 // deliveries lost with a killed node, re-executions of legs re-sent after
 // their owner died, and late executions by a frozen handler.
 func TestClusterChaos(t *testing.T) {
+	longTest(t)
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	names := []string{"c1", "c2", "c3"}

@@ -500,6 +500,7 @@ func (hw *holdWatch) saved(id string) (string, bool) {
 // successor goes on from the stored value, and no save from the stale
 // activation lands after the takeover.
 func TestClusterStateFencing(t *testing.T) {
+	longTest(t)
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	tc := clientNode(t, c.URL())

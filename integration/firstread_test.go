@@ -35,6 +35,7 @@ func ingressKV(nc *nats.Conn, addr subjects.Address, typ, payload, id string, ti
 // stored before the kill — not after the retry ladder with a
 // directory-unavailable verdict, as it once was (10.1 s).
 func TestFirstReadAfterOwnerKill(t *testing.T) {
+	longTest(t)
 	t.Run("advisories", func(t *testing.T) {
 		c := StartCluster(t, 3)
 		c.WaitReady(t)

@@ -64,6 +64,7 @@ func (c *ingressCase) check(t *testing.T) {
 // nats-server (no advisories; TTL 30 s), the owner restarted on its data
 // directory after its SIGKILL so its departure is proven at once.
 func TestIngressFailedRepliesCarryReason(t *testing.T) {
+	longTest(t)
 	s := StartNATSServer(t)
 	dirV := t.TempDir()
 	vArgs := []string{"--name", "v", "--nats-url", s.URL, "--ttl", "30s", "--heartbeat", "1s", "--ingress=false", "--data-dir", dirV}

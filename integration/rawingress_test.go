@@ -42,6 +42,7 @@ var rawSummaryRe = regexp.MustCompile(`sent (\d+), failed (\d+), slowest (\S+); 
 // answered Accepted, and none waits anywhere near a timeout. A caller that
 // ignores the rules (-naive) runs beside it for comparison.
 func TestRawIngressLameDuck(t *testing.T) {
+	longTest(t)
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	for i := range 3 {

@@ -557,6 +557,9 @@ func TestScenarioKillRegistryLeader(t *testing.T) {
 	for rep := range scenarioReps() {
 		for _, idle := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%d/idle=%v", rep, idle), func(t *testing.T) {
+				if idle {
+					longTest(t) // it waits past a TTL with the server down
+				}
 				runScenario(t, func(s *scenario) {
 					if idle {
 						s.startIdle(func(string) string { return s.c.URL() })

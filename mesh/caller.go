@@ -75,6 +75,13 @@ func (n *Node) callerOf(m *nats.Msg) (caller string, ok bool) {
 			}
 		}
 	}
+	for _, p := range n.cfg.ClientInboxes {
+		// A user's own prefix names it, whatever nats.go appended
+		// (replyRule refused any other shape under it).
+		if len(m.Reply) > len(p) && strings.HasPrefix(m.Reply, p) && m.Reply[len(p)] == '.' {
+			return inboxCaller(p + ".c.r"), true
+		}
+	}
 	return inboxCaller(m.Reply), true
 }
 
@@ -110,3 +117,37 @@ func inboxCaller(reply string) string {
 // prefix is cut (still one caller's own prefix, shared only with callers
 // whose prefixes agree that far).
 const maxInboxCaller = 400
+
+// replyRule reports why the ingress refuses reply, a reply subject that
+// passed subjects.Prefix.SafeReply, or "" if it may answer there (issue 22,
+// SECURITY.md "Reply rules"):
+//
+//   - under the nodes' own inbox prefix (subjects.Prefix.NodeInbox): the
+//     acceptance replies of node-to-node deliveries travel there, and no
+//     outside caller has a reply of its own under it;
+//   - under one of NodeConfig.ClientInboxes (the users' own inbox
+//     prefixes) without being that prefix's own reply shape — the prefix
+//     plus one or two tokens, as nats.go makes them: a caller naming
+//     "_INBOX.bob.x.y.z" would be the caller "_INBOX.bob.x" (a scope of its
+//     own) while its answers land in bob's inbox.
+//
+// In CallerFromInbox mode the caller is its reply's inbox prefix: a reply
+// that names exactly another user's prefix makes the requester that
+// caller, blind (it never reads the answer), which the node cannot tell
+// from the user itself; only tenants in their own accounts
+// (CallerFromRequestInfo, server-made _R_ replies) rule that out.
+func (n *Node) replyRule(reply string) string {
+	ni := n.prefix.NodeInbox()
+	if reply == ni || strings.HasPrefix(reply, ni) && reply[len(ni)] == '.' {
+		return "node-inbox"
+	}
+	for _, p := range n.cfg.ClientInboxes {
+		if len(reply) <= len(p) || !strings.HasPrefix(reply, p) || reply[len(p)] != '.' {
+			continue
+		}
+		if tail := reply[len(p)+1:]; strings.Count(tail, ".") > 1 {
+			return "foreign-inbox"
+		}
+	}
+	return ""
+}

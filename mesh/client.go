@@ -55,7 +55,23 @@ type Delivery struct {
 	// caller is the outside caller the ingress forwards for
 	// (hub.HeaderCaller); empty for the process's own deliveries.
 	caller string
+	// reminder and due make the delivery a reminder's fire
+	// (hub.HeaderReminder, hub.HeaderReminderDue); set only by the
+	// node's reminder runner.
+	reminder, due string
+	// chain is the call chain of a Request sent from a hub's turn
+	// (hub.HeaderChain); empty otherwise.
+	chain string
+	// placer, if set, is asked when an attempt first finds no live node
+	// hosting the kind; false fails the delivery at once with that
+	// verdict instead of waiting for placement (the ingress's bounded
+	// placement waits, ingress_fair.go).
+	placer placer
 }
+
+// placer decides whether a delivery may wait for placement (Delivery's
+// placer).
+type placer interface{ unplaced() bool }
 
 // Receipt is the outcome of an accepted delivery.
 type Receipt struct {
@@ -546,6 +562,9 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			// typo in a kind must not cost the whole ladder.
 			now := c.opts.clock.Now()
 			if !placing {
+				if d.placer != nil && c.opts.placementWait > 0 && !d.placer.unplaced() {
+					return Receipt{ID: d.ID, Attempts: attempt}, fmt.Errorf("%w (no placement wait left for this caller on the ingress: not waited for)", err)
+				}
 				unplaced, placing = now, true
 			}
 			left := c.opts.placementWait - now.Sub(unplaced)
@@ -690,6 +709,14 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	}
 	if d.caller != "" {
 		lm.set(hdrCaller, d.caller)
+	}
+	if d.chain != "" {
+		lm.header().Set(hub.HeaderChain, d.chain)
+	}
+	if d.reminder != "" {
+		h := lm.header()
+		h.Set(hub.HeaderReminder, d.reminder)
+		h.Set(hub.HeaderReminderDue, d.due)
 	}
 	if c.opts.tracer != nil {
 		meshtrace.Inject(ctx, lm.header()) // the delivery's span: the same across its attempts

@@ -13,6 +13,7 @@ import (
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/hubstate"
 	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -138,14 +139,25 @@ type NodeStatus struct {
 	// because their reply subject is one a node must never publish to
 	// (SECURITY.md).
 	IngressRefused int64 `json:"ingress_refused"`
+	// IngressInboxRefused counts those of IngressRefused that were ingress
+	// requests refused by the reply rules: a reply under the nodes' own
+	// inbox, or under a client user's inbox prefix in a shape that is not
+	// that user's (NodeConfig.ClientInboxes).
+	IngressInboxRefused int64 `json:"ingress_inbox_refused"`
 	// IngressNodeOnly counts ingress deliveries refused bad-request for a
 	// node-only type (the sync-stream protocol's) or an internal kind, or
 	// for carrying Nats-Request-Info more than once.
 	IngressNodeOnly int64 `json:"ingress_node_only"`
+	// IngressShares are the fair shares of the ingress slots and
+	// placement waits (NodeConfig.IngressCallerShare).
+	IngressShares IngressShares `json:"ingress_shares"`
 	// With membership: the registry as this node sees it, departures of
 	// other generations it observed, times it was fenced and rejoined, and
 	// the addresses it holds claims on.
 	Membership *MembershipStatus `json:"membership,omitempty"`
+	// Reminders counts the reminder fires this node's runner delivered,
+	// dropped (cancelled or replaced), retried and recorded as failed.
+	Reminders reminders.RunnerStats `json:"reminders"`
 }
 
 // MembershipStatus is a node's view of the membership.
@@ -194,8 +206,9 @@ func (n *Node) Status() NodeStatus {
 		Node: n.ID().String(), Name: n.cfg.Name, Generation: n.ID().Generation,
 		Prefix: string(n.prefix), Version: Version, Build: buildinfo.Read().Short(), Started: n.started, Kinds: kinds,
 		Draining: n.draining.Load(), Host: hs, Client: n.Client.Stats(),
-		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(), IngressRefused: n.badReplies.Load(), IngressNodeOnly: n.refusedNodeOnly.Load(),
-		Membership: n.membershipStatus(),
+		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(), IngressRefused: n.badReplies.Load(), IngressInboxRefused: n.inboxReplies.Load(), IngressNodeOnly: n.refusedNodeOnly.Load(),
+		IngressShares: n.ingressShares(),
+		Membership:    n.membershipStatus(), Reminders: n.ReminderStats(),
 	}
 }
 
@@ -258,6 +271,7 @@ func (n *Node) serveControl() error {
 		{ControlStats, func([]byte) (any, error) { return n.Status(), nil }, nil},
 		{ControlHubs, func([]byte) (any, error) { return n.Hubs(), nil }, nil},
 		{ControlState, func(b []byte) (any, error) { return n.readState(b), nil }, nil},
+		{ControlReminders, n.serveReminders, nil},
 		{ControlDrain, func([]byte) (any, error) { return DrainReply{Node: n.ID().String(), Draining: true}, nil }, func() { go n.onDrain() }},
 	} {
 		if err := svc.addEndpoint(e.verb, n.ControlSubject(e.verb), e.h, e.then); err != nil {

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"encoding/json"
+	"errors"
 	"maps"
 	"sync"
 	"time"
@@ -105,8 +106,19 @@ func (s *controlService) subscribe(subject string, h func(*nats.Msg)) error {
 	return nil
 }
 
+// controlError is an endpoint's failure answered with a micro error code
+// ("400", "404", "503", …); any other error is answered with code 500.
+type controlError struct {
+	code string
+	err  error
+}
+
+func (e *controlError) Error() string { return e.err.Error() }
+func (e *controlError) Unwrap() error { return e.err }
+
 // addEndpoint serves name on subject (no queue group): handle's value is
-// answered as JSON, its error as a micro service error (code 500); then,
+// answered as JSON, its error as a micro service error (the code of a
+// *controlError, else 500); then,
 // after the answer was published, runs then if not nil.
 func (s *controlService) addEndpoint(name, subject string, handle func(data []byte) (any, error), then func()) error {
 	e := &controlEndpoint{name: name, subject: subject, handle: handle, stats: micro.EndpointStats{Name: name, Subject: subject}}
@@ -121,7 +133,11 @@ func (s *controlService) addEndpoint(name, subject string, handle func(data []by
 			b, err = json.Marshal(v)
 		}
 		if err != nil {
-			_ = m.RespondMsg(&nats.Msg{Header: nats.Header{micro.ErrorHeader: []string{err.Error()}, micro.ErrorCodeHeader: []string{"500"}}})
+			code := "500"
+			if ce, ok := errors.AsType[*controlError](err); ok {
+				code = ce.code
+			}
+			_ = m.RespondMsg(&nats.Msg{Header: nats.Header{micro.ErrorHeader: []string{err.Error()}, micro.ErrorCodeHeader: []string{code}}})
 		} else {
 			_ = m.Respond(b)
 		}

@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
@@ -17,7 +18,9 @@ import (
 const IngressQueueGroup = "natsmesh-ingress"
 
 // DefaultIngressConcurrency bounds the ingress deliveries one node forwards
-// at once; beyond it the ingress answers Ignored (verdict.ErrInboxFull).
+// at once; beyond it, or beyond the caller's fair share of it
+// (ingress_fair.go, NodeConfig.IngressCallerShare), the ingress answers
+// Ignored (verdict.ErrInboxFull).
 const DefaultIngressConcurrency = 4096
 
 // serveIngress subscribes <prefix>.in.*.* in the ingress queue group: any
@@ -40,38 +43,58 @@ func (n *Node) ingress(m *nats.Msg) {
 	if m.Reply != "" && !n.safeReply(m.Reply) {
 		return
 	}
+	if m.Reply != "" {
+		if why := n.replyRule(m.Reply); why != "" {
+			// Dropped unanswered: the only place to answer is the
+			// refused reply itself.
+			n.badReplies.Add(1)
+			if c := n.inboxReplies.Add(1); c&(c-1) == 0 {
+				n.log.Warn("ingress request dropped: its reply is under an inbox that is not the caller's own (SECURITY.md, reply rules)", "reply", m.Reply, "rule", why, "refused_total", c)
+			}
+			return
+		}
+	}
 	addr, stream, err := n.prefix.ParseIngress(m.Subject)
 	if err != nil {
 		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", &verdict.Error{Reason: verdict.ReasonInvalidAddress, Message: err.Error()}, nil)
 		return
 	}
-	select {
-	case n.ingressSem <- struct{}{}:
-	default:
-		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full", n.ID()), nil)
-		return
-	}
-	if !n.enterIngress() {
-		<-n.ingressSem
-		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonHubShuttingDown, "node %s is stopping: its ingress is closed", n.cfg.Name), nil)
-		return
-	}
-	go func() {
-		defer n.ingressWG.Done()
-		defer func() { <-n.ingressSem }()
-		n.forward(m, addr, stream)
-	}()
-}
-
-func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Stream) {
-	h := m.Header
 	caller, ok := n.callerOf(m)
 	if !ok {
 		n.refusedNodeOnly.Add(1)
 		n.answerIngress(m, "", "", verdict.New(verdict.ReasonBadRequest, "header %s given more than once: one identity per request", HeaderRequestInfo), nil)
 		return
 	}
-	d := Delivery{To: addr, Stream: stream, Payload: m.Data, caller: caller}
+	if n.rates != nil && !n.rates.allow(caller, time.Now()) {
+		n.ingressRateLimited.Add(1)
+		n.callerCounts.add(caller, func(c *IngressCaller) { c.RateLimited++ })
+		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonStormBreaker, "ingress of node %s: this caller is over its rate of %g deliveries/s", n.ID(), n.rates.rate), nil)
+		return
+	}
+	if !n.ingressPool.acquire(caller) {
+		n.ingressShareRefused.Add(1)
+		n.callerCounts.add(caller, func(c *IngressCaller) { c.ShareFull++ })
+		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonInboxFull, "ingress of node %s is full for this caller (its share: %d of %d slots)", n.ID(), n.ingressPool.share, n.ingressPool.total), nil)
+		return
+	}
+	n.callerCounts.add(caller, func(c *IngressCaller) { c.Taken++ })
+	slot := &ingressSlot{n: n, caller: caller, ingress: true}
+	if !n.enterIngress() {
+		slot.release()
+		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonHubShuttingDown, "node %s is stopping: its ingress is closed", n.cfg.Name), nil)
+		return
+	}
+	go func() {
+		defer n.ingressWG.Done()
+		defer slot.release()
+		n.forward(m, addr, stream, slot)
+	}()
+}
+
+func (n *Node) forward(m *nats.Msg, addr subjects.Address, stream subjects.Stream, slot *ingressSlot) {
+	h := m.Header
+	caller := slot.caller
+	d := Delivery{To: addr, Stream: stream, Payload: m.Data, caller: caller, placer: slot}
 	if h != nil {
 		d.ID = h.Get(hub.HeaderID)
 		if _, set := h[hub.HeaderID]; set && d.ID == "" {
@@ -138,7 +161,11 @@ func nodeOf(r Receipt) string {
 func (n *Node) answerIngress(m *nats.Msg, id, node string, err error, payload []byte) {
 	if m.Reply == "" {
 		if err != nil {
-			n.log.Warn("ingress delivery failed; the client asked no reply", "subject", m.Subject, "err", err)
+			// Logged at the first and every power of two: a flood of
+			// fire-and-forget deliveries must not flood the log.
+			if c := n.unanswered.Add(1); c&(c-1) == 0 {
+				n.log.Warn("ingress delivery failed; the client asked no reply", "subject", m.Subject, "err", err, "failed_unanswered_total", c)
+			}
 		}
 		return
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/natsmesh/natsmesh/internal/meshtrace"
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -61,9 +62,43 @@ type NodeConfig struct {
 	// identity from (DESIGN §10; SECURITY.md): the dedupe window and kept
 	// answers are per (caller, delivery ID). Zero means CallerFromInbox.
 	CallerIdentity CallerIdentity
+	// IngressCallerRate, if positive, limits each caller's ingress
+	// deliveries to that many per second (a token bucket holding
+	// IngressCallerBurst); one over it is answered Ignored
+	// (verdict.ErrStormBreaker) before anything is sent. Zero means no
+	// limit. At most 4096 callers are tracked one by one; beyond, new
+	// callers share one bucket (ingress_fair.go).
+	IngressCallerRate float64
+	// IngressCallerBurst is the bucket of IngressCallerRate, in
+	// deliveries; zero means the rate (at least 1).
+	IngressCallerBurst int
+	// ClientInboxes are the inbox prefixes of the account's client users,
+	// one per user (profiles.Mesh.ClientInbox, e.g. "_INBOX.alice"), for
+	// the reply rules of CallerFromInbox mode (SECURITY.md): the ingress
+	// refuses a reply under one of them that is not that prefix plus one
+	// or two tokens (nats.go's shapes), so a caller cannot name another
+	// user's inbox while keeping a scope of its own. Nil: only the nodes'
+	// inbox is refused.
+	ClientInboxes []string
 	// IngressConcurrency bounds ingress deliveries forwarded at once;
-	// zero means DefaultIngressConcurrency.
+	// zero means DefaultIngressConcurrency (4096).
 	IngressConcurrency int
+	// IngressCallerShare is how many of the IngressConcurrency slots one
+	// caller (CallerIdentity; all fire-and-forget deliveries are the one
+	// caller "anon") may take while any is free; beyond it a caller takes
+	// a slot only while less than half of them are held, and is otherwise
+	// answered Ignored (verdict.ErrInboxFull). Zero means IngressConcurrency /
+	// DefaultIngressCallerShareDivisor (256 of 4096), at least 1.
+	IngressCallerShare int
+	// IngressPlacementWaits bounds the ingress deliveries that wait for a
+	// node hosting their kind to appear (the sender's placement wait,
+	// WithPlacementWait), apart from IngressConcurrency: such a delivery
+	// gives its ingress slot back and holds one of these instead, shared
+	// fairly as above (a caller's share is a sixteenth); one that finds
+	// none fails at once with verdict.ErrNoPlacement (Unavailable,
+	// resendable), not waited for. Zero means IngressConcurrency /
+	// DefaultIngressPlacementWaitsDivisor (512 of 4096), at least 1.
+	IngressPlacementWaits int
 	// Membership, when set, makes the node part of a multi-node mesh (see
 	// MembershipConfig); Generation is then chosen at Start by the
 	// registry. Nil means a one-node mesh.
@@ -130,6 +165,17 @@ type MembershipConfig struct {
 	// DisableState opens no state bucket: hub.LoadState fails with
 	// hub.ErrNoStateStore (the kv kind then keeps its map in memory only).
 	DisableState bool
+	// DisableReminders opens no reminders stream and runs no reminder
+	// runner (DESIGN §13, package mesh/reminders): Node.Reminders is nil.
+	DisableReminders bool
+	// ReminderReplicas is the replica count of the reminders stream and
+	// its consumer, used by the node that creates them; zero means
+	// StateReplicas, then Replicas. Use 3 on a 3-server cluster.
+	ReminderReplicas int
+	// ReminderAckWait is how long a fire held by a node that went silent
+	// waits before another node delivers it; zero means
+	// reminders.DefaultAckWait (10 s). The last node to start sets it.
+	ReminderAckWait time.Duration
 }
 
 // Node is one mesh process: a hub host that receives deliveries for its node
@@ -149,28 +195,38 @@ type Node struct {
 	// announcements never overtake one another with an older list.
 	kindsMu sync.Mutex
 
-	mu      sync.RWMutex
-	inc     *session       // the current session: everything stamped with the generation
-	ended   hub.Stats      // the counters of the sessions that ended (addStats), so the node's never go back
-	state   hub.StateStore // durable hub state, opened at the first join
-	kinds   map[string]hub.Factory
-	running bool
+	mu        sync.RWMutex
+	inc       *session          // the current session: everything stamped with the generation
+	ended     hub.Stats         // the counters of the sessions that ended (addStats), so the node's never go back
+	state     hub.StateStore    // durable hub state, opened at the first join
+	rem       *reminders.Store  // the reminders stream, opened at the first join (nil: none)
+	remRunner *reminders.Runner // delivers this node's share of the fires (nil: none)
+	kinds     map[string]hub.Factory
+	running   bool
 
-	ingressSub      *nats.Subscription
-	ingressSem      chan struct{}
-	ingressMu       sync.Mutex     // orders enterIngress against stopIngress
-	ingressShut     bool           // stopIngress ran: no forward is registered any more (guarded by ingressMu)
-	ingressWG       sync.WaitGroup // the forwards registered by enterIngress
-	ingressHook     func()         // tests: runs in the ingress callback before a forward is registered
-	ingressCount    atomic.Int64
-	tracer          trace.Tracer // the ingress's; nil: tracing off
-	badReplies      atomic.Int64 // ingress and control requests refused for their reply subject
-	refusedNodeOnly atomic.Int64 // ingress deliveries refused: a node-only type or an internal kind
-	svcMu           sync.Mutex
-	svc             *controlService // the current session's control service
-	svcStopped      bool
-	draining        atomic.Bool
-	ingressOnce     sync.Once
+	ingressSub              *nats.Subscription
+	ingressPool             *fairPool    // slots of forwarded ingress deliveries (ingress_fair.go)
+	placementPool           *fairPool    // slots of ingress deliveries waiting for placement
+	ingressShareRefused     atomic.Int64 // ingress deliveries answered Ignored: the pool or the caller's share was full
+	ingressPlacementRefused atomic.Int64 // ingress deliveries failed at once: no placement wait left for their caller
+	rates                   *callerRates // nil: no per-caller rate limit
+	callerCounts            callerCounts
+	ingressRateLimited      atomic.Int64   // ingress deliveries answered Ignored: over their caller's rate
+	inboxReplies            atomic.Int64   // ingress requests refused by the reply rules (replyRule)
+	unanswered              atomic.Int64   // fire-and-forget ingress deliveries that failed (logged at powers of two)
+	ingressMu               sync.Mutex     // orders enterIngress against stopIngress
+	ingressShut             bool           // stopIngress ran: no forward is registered any more (guarded by ingressMu)
+	ingressWG               sync.WaitGroup // the forwards registered by enterIngress
+	ingressHook             func()         // tests: runs in the ingress callback before a forward is registered
+	ingressCount            atomic.Int64
+	tracer                  trace.Tracer // the ingress's; nil: tracing off
+	badReplies              atomic.Int64 // ingress and control requests refused for their reply subject
+	refusedNodeOnly         atomic.Int64 // ingress deliveries refused: a node-only type or an internal kind
+	svcMu                   sync.Mutex
+	svc                     *controlService // the current session's control service
+	svcStopped              bool
+	draining                atomic.Bool
+	ingressOnce             sync.Once
 
 	departures atomic.Int64 // departures of other generations observed
 	rejoins    atomic.Int64 // times this node was fenced and rejoined
@@ -204,16 +260,29 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	if err := cfg.Prefix.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	for _, in := range cfg.ClientInboxes {
+		if !cfg.Prefix.SafeReply(in) || in == cfg.Prefix.NodeInbox() || strings.HasPrefix(in, cfg.Prefix.NodeInbox()+".") {
+			return nil, fmt.Errorf("%w: client inbox prefix %q: want a literal subject outside $, the prefix and the nodes' inbox", ErrInvalidConfig, in)
+		}
+	}
 	if cfg.IngressConcurrency <= 0 {
 		cfg.IngressConcurrency = DefaultIngressConcurrency
+	}
+	if cfg.IngressCallerShare <= 0 {
+		cfg.IngressCallerShare = max(1, cfg.IngressConcurrency/DefaultIngressCallerShareDivisor)
+	}
+	if cfg.IngressPlacementWaits <= 0 {
+		cfg.IngressPlacementWaits = max(1, cfg.IngressConcurrency/DefaultIngressPlacementWaitsDivisor)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{
 		cfg: cfg, conn: cfg.Conn, prefix: cfg.Prefix, opts: opts, tracer: meshtrace.Tracer(cfg.TracerProvider),
 		log: cfg.Logger.With("node", cfg.Name), started: time.Now(),
-		ingressSem: make(chan struct{}, cfg.IngressConcurrency),
-		kinds:      map[string]hub.Factory{},
-		ctx:        ctx, cancel: cancel,
+		ingressPool:   newFairPool(cfg.IngressConcurrency, cfg.IngressCallerShare),
+		rates:         newCallerRates(cfg.IngressCallerRate, cfg.IngressCallerBurst),
+		placementPool: newFairPool(cfg.IngressPlacementWaits, cfg.IngressPlacementWaits/DefaultIngressCallerShareDivisor),
+		kinds:         map[string]hub.Factory{},
+		ctx:           ctx, cancel: cancel,
 	}
 	res := cfg.Resolver
 	switch {
@@ -464,6 +533,10 @@ func (n *Node) Start() error {
 		n.inc = inc
 		n.mu.Unlock()
 		n.installKinds()
+		if err := n.startReminders(ctx); err != nil {
+			n.Close()
+			return fmt.Errorf("mesh: reminders: %w", err)
+		}
 		n.wg.Add(1)
 		go n.fencing()
 	} else if err := n.current().host.Start(); err != nil {
@@ -513,6 +586,7 @@ func (n *Node) Drain(ctx context.Context) error {
 func (n *Node) drain(ctx context.Context) error {
 	n.draining.Store(true)
 	n.stopIngress()
+	n.stopReminders() // fires under way go back to the other nodes
 	n.Client.stopNew()
 	inc := n.current()
 	if inc != nil && inc.members != nil {
@@ -568,6 +642,7 @@ const answersGrace = 200 * time.Millisecond
 func (n *Node) Close() error {
 	n.draining.Store(true)
 	n.stopServing()
+	n.stopReminders()
 	n.cancel()
 	n.wg.Wait()
 	if inc := n.current(); inc != nil {

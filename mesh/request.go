@@ -50,6 +50,15 @@ type Response struct {
 // handling) fails the request with that verdict. A response that arrives
 // after Request returned is counted in ClientStats.Unmatched and dropped.
 func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
+	if ch, ok := hub.ChainOf(ctx); ok {
+		// Sent from a hub's turn: the call chain travels with it, so a
+		// cycle is refused at once (verdict.ErrCallCycle) instead of
+		// waiting out the deadline (DESIGN §13).
+		if len(ch.Addresses) > hub.MaxChain {
+			return Response{Receipt: Receipt{ID: d.ID}}, verdict.New(verdict.ReasonBadRequest, "call chain %s is over %d addresses deep", ch.ID, hub.MaxChain)
+		}
+		d.chain = ch.String()
+	}
 	if c.opts.tracer != nil {
 		return c.requestTraced(ctx, &d)
 	}

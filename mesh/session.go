@@ -61,6 +61,9 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 	if err := n.openState(ctx); err != nil {
 		return nil, err
 	}
+	if err := n.openReminders(ctx); err != nil {
+		return nil, err
+	}
 	inc := &session{}
 	claims := &lateClaims{}
 	// The host exists before the membership does (join order): until

@@ -12,8 +12,9 @@
 //
 //	profile   may publish                                   may subscribe
 //	node      <prefix>.>, the JetStream API of the mesh's   <prefix>.>, $SRV.>, the disconnect
-//	          three buckets (no update, purge, delete),     advisory of its account, the node
-//	          $SRV.>, $SYS.REQ.USER.INFO, _R_.> (service    inbox, the operator inbox
+//	          three buckets (no update, purge, delete)      advisory of its account, the node
+//	          and of the reminders stream, $SRV.>,          inbox, the operator inbox
+//	          $SYS.REQ.USER.INFO, _R_.> (service
 //	          replies), the client and operator inboxes
 //	          and the node inbox
 //	client    <prefix>.in.>                                 its inbox (_INBOX.> by default)
@@ -39,6 +40,7 @@ import (
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/hubstate"
 	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -184,6 +186,26 @@ func kvWrite(bucket string) []string {
 	}
 }
 
+// reminderStream is what a node needs of the reminders stream (package
+// mesh/reminders): bind and create it, read schedules (direct get, list by
+// stream info), create and pull from its one durable consumer, and
+// acknowledge fires. Its subjects are under <prefix>., which nodes publish
+// to anyway. Not purge, delete or update: Cancel writes a tombstone.
+func reminderStream(stream string) []string {
+	c := stream + "." + reminders.ConsumerName
+	return []string{
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.STREAM.CREATE." + stream,
+		"$JS.API.STREAM.MSG.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream + ".>",
+		"$JS.API.CONSUMER.CREATE." + c + ".>", // create or update, with its filter
+		"$JS.API.CONSUMER.INFO." + c,
+		"$JS.API.CONSUMER.MSG.NEXT." + c, // pull
+		"$JS.ACK." + c + ".>",            // ack, nak, in progress, term
+	}
+}
+
 // Subjects outside the mesh's prefix that the node profile publishes to.
 const (
 	// UserInfoSubject is the server's own "who am I" service: a node asks
@@ -214,6 +236,7 @@ func Node(m Mesh) Permissions {
 	pub = append(pub, kvWrite(membership.BucketName(m.Prefix))...)
 	pub = append(pub, kvWrite(directory.BucketName(m.Prefix))...)
 	pub = append(pub, kvWrite(hubstate.BucketName(m.Prefix))...)
+	pub = append(pub, reminderStream(reminders.StreamName(m.Prefix))...)
 	pub = append(pub, "$SRV.>", UserInfoSubject, ServiceReplies, m.ClientInbox+".>", NodeInboxPrefix(m.Prefix)+".>")
 	if m.OperatorInbox != m.ClientInbox {
 		pub = append(pub, m.OperatorInbox+".>")

@@ -35,9 +35,10 @@ const (
 	ReasonResponseGone   // a duplicate of a handled request whose response is no longer kept
 	ReasonOutOfOrder     // a windowed lane's leg arrived out of its sequence (DESIGN §4)
 	// Added in round 3 (issue 24: every Failed reply names its reason).
-	ReasonTimeout  // a leg or an awaited response timed out inside the mesh: the callee may hold it
-	ReasonCanceled // the sender's own context was cancelled
-	ReasonInternal // a failure the protocol has no other name for; Mesh-Message says what
+	ReasonTimeout   // a leg or an awaited response timed out inside the mesh: the callee may hold it
+	ReasonCanceled  // the sender's own context was cancelled
+	ReasonInternal  // a failure the protocol has no other name for; Mesh-Message says what
+	ReasonCallCycle // a request would wait on an address already waiting in its own call chain (DESIGN §13)
 	numReasons
 )
 
@@ -65,6 +66,7 @@ var reasonNames = [numReasons]string{
 	ReasonTimeout:          "timeout",
 	ReasonCanceled:         "canceled",
 	ReasonInternal:         "internal",
+	ReasonCallCycle:        "call-cycle",
 }
 
 // String returns the reason's wire name, e.g. "not-owner".
@@ -118,6 +120,7 @@ var ladder = [numReasons]rung{
 	ReasonTimeout:          {Failed, true, false},
 	ReasonCanceled:         {Failed, false, false},
 	ReasonInternal:         {Failed, false, false},
+	ReasonCallCycle:        {Failed, false, false},
 }
 
 // Sentinels, one per [Reason]. Every *[Error] of the same reason matches its
@@ -200,6 +203,12 @@ var (
 	// ErrInternal: a failure the protocol has no other reason for (the
 	// message says what). Failed.
 	ErrInternal = sentinel(ReasonInternal, "internal failure")
+	// ErrCallCycle: a Request sent from a hub's turn names an address that
+	// is already waiting in the same call chain (A → B → A), whose kind
+	// does not allow reentrancy: waiting would deadlock until the
+	// deadline, so the intake refuses it at once (DESIGN §13). Failed, not
+	// transient: the same request would meet the same cycle.
+	ErrCallCycle = sentinel(ReasonCallCycle, "call cycle")
 )
 
 func sentinel(r Reason, msg string) *Error {

@@ -396,6 +396,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newDrainCmd(g),
 		newBenchCmd(g),
 		newStateCmd(g),
+		newRemindersCmd(g),
 	)
 	return root
 }

@@ -7,7 +7,8 @@
 //	count  reports each execution as a request to the subject "test.exec"
 //	       (headers Mesh-Id, Test-Node, Test-Address, Test-Stream,
 //	       Test-Start and Test-At (ns: the turn's start and end), Test-Exec
-//	       (unique per execution, the same on retries of the report); the
+//	       (unique per execution, the same on retries of the report), and
+//	       for a reminder's fire Test-Reminder and Test-Due; the
 //	       payload is the delivery's), retried until the test answers,
 //	       before it returns, so a test counts executions, their order and
 //	       overlaps across processes; and, with --report-factories, each
@@ -129,6 +130,10 @@ func main() {
 				m.Header.Set("Test-Start", strconv.FormatInt(started, 10))
 				m.Header.Set("Test-At", strconv.FormatInt(time.Now().UnixNano(), 10))
 				m.Header.Set("Test-Exec", nuid.Next())
+				if d.Reminder != "" {
+					m.Header.Set("Test-Reminder", d.Reminder)
+					m.Header.Set("Test-Due", d.Due.Format(time.RFC3339Nano))
+				}
 				m.Data = d.Payload
 				if err := report(m); err != nil {
 					return err

@@ -38,11 +38,32 @@ type Owner struct {
 	snapshot func(subjects.Stream) []byte
 	log      *slog.Logger
 
-	mu      sync.Mutex
-	streams map[subjects.Stream]*streamState
-	frames  int64
-	limit   int // the frames payload bound, once known
+	mu        sync.Mutex
+	streams   map[subjects.Stream]*streamState
+	callers   map[string]int // subscribers registered per caller (callerOf), across streams
+	perStream int            // bound of subscribers per stream (SetSubscriberLimits)
+	perCaller int            // bound of subscribers per caller
+	refused   int64          // subscribes refused for a bound
+	frames    int64
+	limit     int // the frames payload bound, once known
 }
+
+// Bounds on an owner activation's subscribers (DESIGN §10: every
+// per-caller resource is bounded). A subscribe that would register a new
+// subscriber beyond either is refused Ignored (verdict.ErrInboxFull, the
+// message naming the bound): the subscription tears down and reports it
+// through Err. A subscriber already registered subscribing again is not a
+// new one.
+const (
+	// DefaultMaxStreamSubscribers bounds the subscribers of one stream of
+	// one owner address.
+	DefaultMaxStreamSubscribers = 1024
+	// DefaultMaxCallerSubscribers bounds the subscribers one caller
+	// registers with one owner address, across its streams: the caller is
+	// the sending node generation (hub.Delivery.Sender), the process that
+	// activates the subscriber addresses.
+	DefaultMaxCallerSubscribers = 256
+)
 
 // streamState is one stream's version and subscribers (guarded by the
 // owner's mutex).
@@ -71,16 +92,69 @@ func (st *streamState) find(sub subjects.Address) int {
 	return -1
 }
 
-// remove forgets ob, if it is there.
-func (st *streamState) remove(ob *outbox) {
+// remove forgets ob, if it is there, and reports whether it was.
+func (st *streamState) remove(ob *outbox) bool {
 	for i, x := range st.subs {
 		if x == ob {
 			st.subs[i] = st.subs[len(st.subs)-1]
 			st.subs[len(st.subs)-1] = nil
 			st.subs = st.subs[:len(st.subs)-1]
-			return
+			return true
 		}
 	}
+	return false
+}
+
+// dropLocked marks ob dead and forgets it from st and from its caller's
+// count. Called with o.mu held.
+func (o *Owner) dropLocked(st *streamState, ob *outbox) {
+	ob.dead, ob.pending = true, nil
+	if st != nil && st.remove(ob) {
+		o.uncountLocked(ob.caller)
+	}
+}
+
+func (o *Owner) uncountLocked(caller string) {
+	if c := o.callers[caller]; c > 1 {
+		o.callers[caller] = c - 1
+	} else {
+		delete(o.callers, caller)
+	}
+}
+
+// SetSubscriberLimits sets the bounds of subscribers per stream and per
+// caller (DefaultMaxStreamSubscribers, DefaultMaxCallerSubscribers); zero
+// or negative keeps a bound's default. Subscribers already registered
+// stay. Safe for concurrent use; call it before the activation serves.
+func (o *Owner) SetSubscriberLimits(perStream, perCaller int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if perStream > 0 {
+		o.perStream = perStream
+	}
+	if perCaller > 0 {
+		o.perCaller = perCaller
+	}
+}
+
+// Refused returns how many subscribes the owner refused for a bound.
+func (o *Owner) Refused() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.refused
+}
+
+// callerOf is the caller a subscribe counts against: the outside caller
+// (never set: the ingress refuses the protocol) or the sending node
+// generation.
+func callerOf(d *hub.Delivery) string {
+	switch {
+	case d.Caller != "":
+		return d.Caller
+	case d.Sender != "":
+		return "node:" + d.Sender
+	}
+	return "anon"
 }
 
 // framesLimitLocked returns the bound of a frames payload: MaxFramesBytes,
@@ -114,6 +188,7 @@ const MaxFramesBytes = 64 << 10
 type outbox struct {
 	sub     subjects.Address
 	stream  subjects.Stream
+	caller  string   // whom it counts against (callerOf)
 	legacy  bool     // the subscriber reads only JSON frames: one per delivery; else the frames encoding
 	pending [][]byte // the payloads of the deliveries to send, in order
 	last    int      // the length of the last frames payload taken (sizes the next buffer)
@@ -134,7 +209,8 @@ func NewOwner(sender *mesh.Client, self subjects.Address, snapshot func(subjects
 	}
 	return &Owner{
 		sender: sender, self: self, epoch: uint64(time.Now().UnixNano()), snapshot: snapshot, log: log,
-		streams: map[subjects.Stream]*streamState{},
+		streams: map[subjects.Stream]*streamState{}, callers: map[string]int{},
+		perStream: DefaultMaxStreamSubscribers, perCaller: DefaultMaxCallerSubscribers,
 	}
 }
 
@@ -198,26 +274,32 @@ func (o *Owner) Subscribers(stream subjects.Stream) int {
 // Handle handles d if it is a subscribe or unsubscribe delivery and reports
 // whether it was. A subscribe registers the subscriber, sends it the
 // stream's full state as a snapshot frame and answers the request with the
-// epoch and version; a malformed one returns verdict.ErrBadRequest.
+// epoch and version; a malformed one, or one an outside caller sent (the
+// protocol is node to node only, so epoch and version are told only to
+// nodes), returns verdict.ErrBadRequest; one over a bound of subscribers
+// (SetSubscriberLimits) returns verdict.ErrInboxFull (Ignored) and
+// registers nothing.
 func (o *Owner) Handle(d *hub.Delivery) (bool, error) {
 	switch d.Type {
 	case TypeSubscribe, TypeUnsubscribe:
 	default:
 		return false, nil
 	}
+	if d.Caller != "" {
+		return true, verdict.New(verdict.ReasonBadRequest, "%s is node to node only: an outside caller may not send it", d.Type)
+	}
 	var req subscribeRequest
 	if err := json.Unmarshal(d.Payload, &req); err != nil || req.Subscriber.Validate() != nil || req.Stream.Validate() != nil {
 		return true, verdict.New(verdict.ReasonBadRequest, "malformed %s request", d.Type)
 	}
 	stream := subjects.StreamIdentity(req.Stream)
+	caller := callerOf(d)
 	o.mu.Lock()
 	st := o.streamLocked(stream)
 	i := st.find(req.Subscriber)
 	if d.Type == TypeUnsubscribe {
 		if i >= 0 {
-			ob := st.subs[i]
-			ob.dead, ob.pending = true, nil
-			st.remove(ob)
+			o.dropLocked(st, st.subs[i])
 		}
 		o.mu.Unlock()
 		return true, d.Respond(nil)
@@ -228,14 +310,25 @@ func (o *Owner) Handle(d *hub.Delivery) (bool, error) {
 		ob = st.subs[i]
 	}
 	if ob == nil || ob.legacy != legacy {
-		if ob != nil {
-			ob.dead, ob.pending = true, nil
-			st.remove(ob)
+		if ob == nil {
+			switch {
+			case len(st.subs) >= o.perStream:
+				o.refused++
+				o.mu.Unlock()
+				return true, verdict.New(verdict.ReasonInboxFull, "stream %q of %s has %d subscribers, the bound", stream, o.self, o.perStream)
+			case o.callers[caller] >= o.perCaller:
+				o.refused++
+				o.mu.Unlock()
+				return true, verdict.New(verdict.ReasonInboxFull, "%s has %d subscribers of one caller, the bound", o.self, o.perCaller)
+			}
+		} else {
+			o.dropLocked(st, ob)
 		}
 		// A subscriber already there keeps its outbox: the snapshot
 		// follows the frames queued before it.
-		ob = &outbox{sub: req.Subscriber, stream: stream, legacy: legacy}
+		ob = &outbox{sub: req.Subscriber, stream: stream, caller: caller, legacy: legacy}
 		st.subs = append(st.subs, ob)
+		o.callers[caller]++
 	}
 	v, epoch := st.version, o.epoch
 	o.mu.Unlock()
@@ -287,6 +380,7 @@ func (o *Owner) Close() {
 		subs := st.subs
 		st.subs = nil
 		for _, ob := range subs {
+			o.uncountLocked(ob.caller)
 			ob.closed = true
 			if p := o.queueLocked(ob, &f); p != nil {
 				start, payloads = append(start, ob), append(payloads, p)
@@ -430,10 +524,7 @@ func (o *Owner) deliver(ob *outbox, p []byte) {
 		o.mu.Lock()
 		ob.flight--
 		if r.Err != nil && !ob.closed && !ob.dead {
-			ob.dead, ob.pending = true, nil
-			if st := o.streams[ob.stream]; st != nil {
-				st.remove(ob)
-			}
+			o.dropLocked(o.streams[ob.stream], ob)
 			epoch := o.epoch
 			o.mu.Unlock()
 			o.log.Info("sync-stream subscriber dropped", "owner", string(o.self), "subscriber", string(ob.sub), "stream", string(ob.stream), "err", fmt.Sprint(r.Err))

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh"
+)
+
+// TestReminders: meshctl reminders set, list (table and -o json) and
+// cancel through a node's control endpoint; a missing reminder exits 3, a
+// bad schedule 1.
+func TestReminders(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	node, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "n1", Logger: slog.New(slog.DiscardHandler),
+		Membership: &mesh.MembershipConfig{Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Close() })
+
+	wantCode(t, meshctl(t, s, "", "reminders", "set", "job/daily", "report", "--cron", "0 0 9 * * *", "--zone", "Europe/Paris", "--type", "run"), 0)
+	wantCode(t, meshctl(t, s, "", "reminders", "set", "job/daily", "ping", "--every", "1h"), 0)
+	wantCode(t, meshctl(t, s, "", "reminders", "set", "job/other", "once", "--in", "1h", "--payload", "hello"), 0)
+	r := meshctl(t, s, "", "reminders", "list", "job/daily")
+	wantCode(t, r, 0)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "ADDRESS") || !strings.Contains(lines[1], "ping") || !strings.Contains(lines[2], "0 0 9 * * * in Europe/Paris") {
+		t.Fatalf("table:\n%s", r.stdout)
+	}
+	r = meshctl(t, s, "", "-o", "json", "reminders", "list")
+	wantCode(t, r, 0)
+	var rows []mesh.ReminderRow
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || len(rows) != 3 || rows[2].Name != "once" || rows[2].PayloadSize != 5 {
+		t.Fatalf("json %v: %s", err, r.stdout)
+	}
+	wantCode(t, meshctl(t, s, "", "reminders", "cancel", "job/daily", "ping"), 0)
+	wantCode(t, meshctl(t, s, "", "reminders", "cancel", "job/daily", "ping"), exitVerdict)
+	wantCode(t, meshctl(t, s, "", "reminders", "set", "job/daily", "x", "--every", "100ms"), exitUsage)
+	wantCode(t, meshctl(t, s, "", "reminders", "set", "job/daily", "x"), exitUsage)
+	if r := meshctl(t, s, "", "reminders", "list", "job/daily"); !strings.Contains(r.stdout, "report") || strings.Contains(r.stdout, "ping") {
+		t.Fatalf("after cancel:\n%s", r.stdout)
+	}
+}

@@ -1,0 +1,23 @@
+package integration
+
+import (
+	"os"
+	"testing"
+)
+
+// The README's test command, go test -race ./..., runs the quick suite: it
+// fits five minutes on a 2-core machine. The tests that take tens of
+// seconds each (restarts of every server, lame-duck rolls, waits past a
+// TTL) run only with NATSMESH_LONG=1, which .ci/run sets: CI runs
+// everything. Each quick-suite guarantee they pin is also covered, in a
+// shorter shape, by a test that runs in the quick suite (the nemesis's
+// seeded schedule, the cluster tests).
+var long = os.Getenv("NATSMESH_LONG") == "1"
+
+// longTest skips t unless NATSMESH_LONG=1.
+func longTest(t *testing.T) {
+	t.Helper()
+	if !long {
+		t.Skipf("long test: run it with NATSMESH_LONG=1 go test -race -run '^%s$' ./integration (CI does)", t.Name())
+	}
+}

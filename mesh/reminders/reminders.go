@@ -1,0 +1,431 @@
+// Package reminders keeps hubs' durable reminders (DESIGN §13) on
+// JetStream message scheduling (nats-server 2.12+, ADR-51): the server
+// itself keeps each reminder's time, so a reminder survives its
+// activation's collection, its address moving, any node's death and NATS
+// server restarts (file storage; three replicas on a cluster).
+//
+// One stream per mesh prefix ([StreamName]) holds three subject families,
+// each with one subject per (address, name), both as subject tokens
+// (subjects.EncodeToken):
+//
+//	<prefix>.rem.s.<address>.<name>   the schedule: one message, rolled up on each Set
+//	<prefix>.rem.f.<address>.<name>   fires the server produced from it, not yet delivered
+//	<prefix>.rem.x.<address>.<name>   the last fire that could not be delivered (kept 7 days)
+//
+// A Set publishes the schedule message (Nats-Schedule, Nats-Schedule-Target
+// naming the fire subject, and the reminder's type, payload and a random
+// incarnation in headers and body); the server rolls the subject up, so a
+// Set replaces the earlier reminder of that name. When it is due the server
+// copies the message onto the fire subject — a one-shot's schedule is
+// purged in the same step. A Cancel writes a tombstone onto the schedule
+// subject (rolled up, expiring after a day): the server drops the schedule,
+// and fires of the cancelled incarnation not yet delivered are dropped.
+//
+// The stream has work-queue retention: a fire leaves it when it is
+// acknowledged. Its one durable consumer ([ConsumerName]) is shared by
+// every node's [Runner]: each fire goes to one node at a time, which
+// delivers it (the mesh's normal sender: placement and single activation
+// apply) and acknowledges it only after the delivery was handled. A node
+// that dies with a fire in hand leaves it unacknowledged, and JetStream
+// redelivers it to another node after the ack wait.
+//
+// Fires missed while the stream itself was unavailable: a one-shot fires
+// once, late; a repeating schedule resumes without catching up (the
+// server's rule: it fires at most once for the missed instants).
+package reminders
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// Headers of the schedule message, copied by the server onto every fire.
+const (
+	// HeaderSchedule repeats the schedule's pattern (the server strips
+	// its own Nats-Schedule from fires).
+	HeaderSchedule = "Mesh-Reminder-Schedule"
+	// HeaderZone is the cron time zone, if any.
+	HeaderZone = "Mesh-Reminder-Zone"
+	// HeaderIncarnation names one Set of a reminder: 22 random
+	// characters. A fire is delivered only while its incarnation is
+	// current, and its delivery ID is derived from it.
+	HeaderIncarnation = "Mesh-Reminder-Incarnation"
+	// HeaderType is the delivery type of each fire.
+	HeaderType = "Mesh-Reminder-Type"
+	// HeaderCancelled marks a tombstone (a Cancel).
+	HeaderCancelled = "Mesh-Reminder-Cancelled"
+	// HeaderDue is the due time of a recorded failure (RFC 3339).
+	HeaderDue = "Mesh-Reminder-Due"
+)
+
+// Headers of JetStream's message scheduling (nats-server stream.go).
+const (
+	natsSchedule       = "Nats-Schedule"
+	natsScheduleTarget = "Nats-Schedule-Target"
+	natsScheduleTZ     = "Nats-Schedule-Time-Zone"
+	natsScheduler      = "Nats-Scheduler"     // on a fire: the schedule's subject
+	natsScheduleNext   = "Nats-Schedule-Next" // on a fire: "purge" (one-shot) or the next fire time
+	natsRollup         = "Nats-Rollup"
+	natsTTL            = "Nats-TTL"
+)
+
+// TombstoneTTL is how long a Cancel's tombstone is kept: fires of the
+// cancelled incarnation still waiting that long would be delivered.
+const TombstoneTTL = 24 * time.Hour
+
+// FailureTTL is how long the record of an undeliverable fire is kept.
+const FailureTTL = 7 * 24 * time.Hour
+
+// MaxNameLen bounds a reminder name.
+const MaxNameLen = 128
+
+// ConsumerName is the durable consumer the nodes share.
+const ConsumerName = "fires"
+
+// StreamName returns the reminders stream of a prefix.
+func StreamName(p subjects.Prefix) string {
+	if p == "" {
+		p = subjects.DefaultPrefix
+	}
+	return "natsmesh_" + strings.ReplaceAll(string(p), ".", "_") + "_reminders"
+}
+
+// Config holds the store's settings. Conn is required; zero fields take
+// their documented defaults.
+type Config struct {
+	// Conn is the node's NATS connection (the node profile: DESIGN §10).
+	Conn *nats.Conn
+	// Prefix names the stream and its subjects; zero means
+	// subjects.DefaultPrefix.
+	Prefix subjects.Prefix
+	// Replicas of the stream and its consumer, used when this process
+	// creates them; zero means 1. Use 3 on a three-server cluster.
+	Replicas int
+	// MemoryStorage keeps the stream in memory (tests only: reminders
+	// then do not survive the NATS servers).
+	MemoryStorage bool
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Store is a handle on the reminders stream. Safe for concurrent use.
+type Store struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	prefix subjects.Prefix
+	name   string
+	base   string // "<prefix>.rem."
+	maxPay int
+	log    *slog.Logger
+	cfg    Config
+}
+
+// Open binds the reminders stream, creating it if absent (work-queue
+// retention, message schedules and per-message TTLs allowed, file storage,
+// Config.Replicas). It blocks until the stream is bound or ctx ends. Errors
+// match ErrInvalidConfig, or are JetStream's.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.Conn == nil {
+		return nil, fmt.Errorf("%w: Conn is nil", ErrInvalidConfig)
+	}
+	if cfg.Replicas < 0 {
+		return nil, fmt.Errorf("%w: negative Replicas", ErrInvalidConfig)
+	}
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = subjects.DefaultPrefix
+	}
+	if err := cfg.Prefix.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	js, err := jetstream.New(cfg.Conn)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{js: js, prefix: cfg.Prefix, name: StreamName(cfg.Prefix), base: cfg.Prefix.Sub("rem."), log: cfg.Logger, cfg: cfg}
+	storage := jetstream.FileStorage
+	if cfg.MemoryStorage {
+		storage = jetstream.MemoryStorage
+	}
+	scfg := jetstream.StreamConfig{
+		Name:              s.name,
+		Description:       "natsmesh durable reminders",
+		Subjects:          []string{s.base + "s.*.*", s.base + "f.*.*", s.base + "x.*.*"},
+		Retention:         jetstream.WorkQueuePolicy,
+		Storage:           storage,
+		Replicas:          cfg.Replicas,
+		Discard:           jetstream.DiscardOld,
+		AllowMsgSchedules: true,
+		AllowMsgTTL:       true,
+		AllowRollup:       true,
+		AllowDirect:       true,
+	}
+	st, err := js.Stream(ctx, s.name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		st, err = js.CreateStream(ctx, scfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			st, err = js.Stream(ctx, s.name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reminders: stream %s: %w", s.name, err)
+	}
+	if !st.CachedInfo().Config.AllowMsgSchedules {
+		return nil, fmt.Errorf("%w: stream %s exists without AllowMsgSchedules", ErrInvalidConfig, s.name)
+	}
+	s.stream = st
+	s.maxPay = int(cfg.Conn.MaxPayload()) - 4096
+	return s, nil
+}
+
+// Reminder is one reminder of an address.
+type Reminder struct {
+	// Address receives the fires. Required.
+	Address subjects.Address `json:"address"`
+	// Name names the reminder within its address: 1-128 bytes of
+	// printable ASCII without spaces. Required.
+	Name string `json:"name"`
+	// Schedule says when it fires. Required.
+	Schedule Schedule `json:"schedule"`
+	// Type is the delivery type of each fire (at most 256 bytes); the
+	// hub tells fires apart by it and by hub.Delivery.Reminder.
+	Type string `json:"type,omitempty"`
+	// Payload travels with each fire, limited by the server's
+	// max_payload less 4 KiB.
+	Payload []byte `json:"payload,omitempty"`
+
+	// Set is when the reminder was stored: the server's timestamp in Get
+	// and List, this process's clock in what Set returns.
+	Set time.Time `json:"set,omitzero"`
+	// Revision is the stream sequence of the schedule message; filled by
+	// Set, Get and List.
+	Revision uint64 `json:"revision,omitempty"`
+	// LastFailure is the last fire of this reminder that could not be
+	// delivered (a failure the sender may not resend), if recorded within
+	// FailureTTL; filled by Get and List.
+	LastFailure *Failure `json:"last_failure,omitempty"`
+
+	incarnation string
+}
+
+// Failure is a recorded fire that could not be delivered.
+type Failure struct {
+	Due   time.Time `json:"due"`
+	At    time.Time `json:"at"`
+	Error string    `json:"error"`
+}
+
+// ValidateName checks a reminder name: 1-[MaxNameLen] bytes of printable
+// ASCII without spaces. The error matches ErrInvalidReminder.
+func ValidateName(name string) error {
+	if name == "" || len(name) > MaxNameLen {
+		return fmt.Errorf("%w: name must be 1-%d bytes (got %d)", ErrInvalidReminder, MaxNameLen, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("%w: name must be printable ASCII without spaces: byte %d is %#02x", ErrInvalidReminder, i, c)
+		}
+	}
+	return nil
+}
+
+func (s *Store) subject(family string, addr subjects.Address, name string) string {
+	return s.base + family + "." + subjects.EncodeToken(string(addr)) + "." + subjects.EncodeToken(name)
+}
+
+// parseSubject reads (address, name) from a subject of the stream.
+func (s *Store) parseSubject(subj string) (subjects.Address, string, error) {
+	rest, ok := strings.CutPrefix(subj, s.base)
+	if !ok || len(rest) < 2 || rest[1] != '.' {
+		return "", "", fmt.Errorf("reminders: subject %q is not the stream's", subj)
+	}
+	at, nt, ok := strings.Cut(rest[2:], ".")
+	if !ok {
+		return "", "", fmt.Errorf("reminders: subject %q is not the stream's", subj)
+	}
+	a, err := subjects.DecodeToken(at)
+	if err != nil {
+		return "", "", err
+	}
+	n, err := subjects.DecodeToken(nt)
+	if err != nil {
+		return "", "", err
+	}
+	return subjects.Address(a), n, nil
+}
+
+// Set stores r, replacing the reminder of that name at that address (and
+// dropping the replaced one's fires not yet delivered). It returns once the
+// stream acknowledged the write at its replication, with Revision set. It
+// blocks for one JetStream publish, bounded by ctx. Errors match
+// ErrInvalidReminder (nothing written), or are JetStream's. Safe for
+// concurrent use, from any goroutine, a hub's turn included.
+func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
+	if err := r.Address.Validate(); err != nil {
+		return r, fmt.Errorf("%w: %w", ErrInvalidReminder, err)
+	}
+	if err := ValidateName(r.Name); err != nil {
+		return r, err
+	}
+	if len(r.Type) > hub.MaxTypeLen || strings.ContainsAny(r.Type, "\r\n") {
+		return r, fmt.Errorf("%w: type over %d bytes or with a line break", ErrInvalidReminder, hub.MaxTypeLen)
+	}
+	if len(r.Payload) > s.maxPay {
+		return r, fmt.Errorf("%w: payload of %d bytes over %d", ErrInvalidReminder, len(r.Payload), s.maxPay)
+	}
+	pat, err := r.Schedule.pattern()
+	if err != nil {
+		return r, err
+	}
+	r.incarnation = nuid.Next()
+	m := nats.NewMsg(s.subject("s", r.Address, r.Name))
+	m.Data = r.Payload
+	m.Header.Set(natsSchedule, pat)
+	m.Header.Set(natsScheduleTarget, s.subject("f", r.Address, r.Name))
+	if r.Schedule.TimeZone != "" {
+		m.Header.Set(natsScheduleTZ, r.Schedule.TimeZone)
+		m.Header.Set(HeaderZone, r.Schedule.TimeZone)
+	}
+	m.Header.Set(HeaderSchedule, pat)
+	m.Header.Set(HeaderIncarnation, r.incarnation)
+	if r.Type != "" {
+		m.Header.Set(HeaderType, r.Type)
+	}
+	ack, err := s.js.PublishMsg(ctx, m)
+	if err != nil {
+		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, err)
+	}
+	r.Revision = ack.Sequence
+	r.Set = time.Now().UTC()
+	return r, nil
+}
+
+// Cancel removes the reminder name of addr: it fires no more, and its
+// fires not yet delivered are dropped (one whose delivery is already under
+// way completes). It blocks for a read and a JetStream publish, bounded by
+// ctx. Errors match ErrNotFound (nothing to cancel), ErrInvalidReminder, or
+// are JetStream's.
+func (s *Store) Cancel(ctx context.Context, addr subjects.Address, name string) error {
+	if _, err := s.Get(ctx, addr, name); err != nil {
+		return err
+	}
+	m := nats.NewMsg(s.subject("s", addr, name))
+	m.Header.Set(HeaderCancelled, "true")
+	m.Header.Set(natsRollup, "sub")
+	m.Header.Set(natsTTL, TombstoneTTL.String())
+	if _, err := s.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("reminders: cancel %s %s: %w", addr, name, err)
+	}
+	return nil
+}
+
+// Get returns the current reminder name of addr. It blocks for one or two
+// direct gets, bounded by ctx. Errors match ErrNotFound,
+// ErrInvalidReminder, or are JetStream's.
+func (s *Store) Get(ctx context.Context, addr subjects.Address, name string) (Reminder, error) {
+	if err := addr.Validate(); err != nil {
+		return Reminder{}, fmt.Errorf("%w: %w", ErrInvalidReminder, err)
+	}
+	if err := ValidateName(name); err != nil {
+		return Reminder{}, err
+	}
+	r, err := s.load(ctx, s.subject("s", addr, name))
+	if err != nil {
+		return Reminder{}, err
+	}
+	s.loadFailure(ctx, &r)
+	return r, nil
+}
+
+// load reads the schedule message of subj; a tombstone or no message is
+// ErrNotFound.
+func (s *Store) load(ctx context.Context, subj string) (Reminder, error) {
+	m, err := s.stream.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return Reminder{}, ErrNotFound
+	}
+	if err != nil {
+		return Reminder{}, err
+	}
+	if m.Header.Get(HeaderCancelled) != "" || m.Header.Get(natsSchedule) == "" {
+		return Reminder{}, ErrNotFound
+	}
+	addr, name, err := s.parseSubject(m.Subject)
+	if err != nil {
+		return Reminder{}, err
+	}
+	sch, err := parsePattern(m.Header.Get(natsSchedule), m.Header.Get(natsScheduleTZ))
+	if err != nil {
+		return Reminder{}, err
+	}
+	return Reminder{
+		Address: addr, Name: name, Schedule: sch, Type: m.Header.Get(HeaderType), Payload: m.Data,
+		Set: m.Time.UTC(), Revision: m.Sequence, incarnation: m.Header.Get(HeaderIncarnation),
+	}, nil
+}
+
+// loadFailure fills r.LastFailure from the failure record of r's
+// incarnation, if any (best effort).
+func (s *Store) loadFailure(ctx context.Context, r *Reminder) {
+	m, err := s.stream.GetLastMsgForSubject(ctx, s.subject("x", r.Address, r.Name))
+	if err != nil || m.Header.Get(HeaderIncarnation) != r.incarnation {
+		return
+	}
+	due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDue))
+	r.LastFailure = &Failure{Due: due, At: m.Time.UTC(), Error: string(m.Data)}
+}
+
+// List returns the current reminders of addr, or of every address when
+// addr is empty, sorted by address then name: the stream's last message
+// per schedule subject, tombstones left out. It blocks for a stream info
+// and one direct get per reminder, bounded by ctx. Errors match
+// ErrInvalidReminder, or are JetStream's.
+func (s *Store) List(ctx context.Context, addr subjects.Address) ([]Reminder, error) {
+	filter := s.base + "s.*.*"
+	if addr != "" {
+		if err := addr.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidReminder, err)
+		}
+		filter = s.base + "s." + subjects.EncodeToken(string(addr)) + ".*"
+	}
+	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return nil, fmt.Errorf("reminders: list: %w", err)
+	}
+	out := make([]Reminder, 0, len(info.State.Subjects))
+	for subj := range info.State.Subjects {
+		r, err := s.load(ctx, subj)
+		if errors.Is(err, ErrNotFound) {
+			continue // a tombstone, or fired and purged since
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reminders: list: %w", err)
+		}
+		s.loadFailure(ctx, &r)
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b Reminder) int {
+		if c := strings.Compare(string(a.Address), string(b.Address)); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out, nil
+}

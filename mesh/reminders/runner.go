@@ -1,0 +1,436 @@
+package reminders
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// Fire is one fire of a reminder, as a Runner hands it to its Deliverer.
+type Fire struct {
+	// ID is the delivery ID of this fire: "rem-" and 32 hex digits of a
+	// SHA-256 over (address, name, incarnation, due). Every delivery
+	// attempt of one fire carries it, on any node, so the receiving
+	// intake dedupes a re-fire (DESIGN §5).
+	ID       string
+	Address  subjects.Address
+	Name     string
+	Type     string
+	Payload  []byte
+	Schedule Schedule
+	// Due is when the fire was due: the At time of a one-shot, the
+	// interval instant of Every; for Cron the time the server produced
+	// the fire (it stamps no cron instant: within its timer's 250 ms
+	// unless the server was busy).
+	Due time.Time
+	// Attempt is the 1-based count of JetStream deliveries of this fire
+	// to a runner (any node's).
+	Attempt int
+}
+
+// Deliverer delivers one fire and returns nil once it was handled. An
+// error is judged with package verdict: a transient failure (or Ignored:
+// an overloaded hub) is retried with back-off, anything else is recorded
+// and the fire dropped. ctx ends at RunConfig.Timeout or when the runner
+// stops. It is called on its own goroutine, up to RunConfig.Concurrency at
+// once.
+type Deliverer func(ctx context.Context, f Fire) error
+
+// RunConfig holds a Runner's settings. Deliver is required.
+type RunConfig struct {
+	// Deliver delivers each fire. Required.
+	Deliver Deliverer
+	// Concurrency bounds fires delivered at once by this runner; zero
+	// means DefaultConcurrency.
+	Concurrency int
+	// Timeout bounds one delivery attempt; zero means DefaultTimeout.
+	Timeout time.Duration
+	// AckWait is the consumer's ack wait: how long a fire in the hands of
+	// a runner that went silent (its node died) waits before another
+	// runner gets it. While a delivery is under way the runner extends it
+	// every AckWait/3. Zero means DefaultAckWait. The first runner
+	// creates the consumer; later ones update it to their AckWait.
+	AckWait time.Duration
+	// RetryBase and RetryMax bound the back-off before a fire whose
+	// delivery failed transiently is tried again: RetryBase doubling per
+	// attempt up to RetryMax, with ±20 % jitter. Zero means 1 s and 60 s.
+	RetryBase, RetryMax time.Duration
+	// OnOutcome, if set, is called after each attempt with the fire and
+	// what became of it (tests, metrics). It must not block.
+	OnOutcome func(f Fire, o Outcome, err error)
+}
+
+// Defaults of RunConfig.
+const (
+	DefaultConcurrency = 256
+	DefaultTimeout     = 30 * time.Second
+	DefaultAckWait     = 10 * time.Second
+)
+
+// Outcome is what became of one attempt of a fire.
+type Outcome int
+
+const (
+	// Delivered: handled; acknowledged.
+	Delivered Outcome = iota
+	// Dropped: the reminder was cancelled or replaced since the fire was
+	// produced; acknowledged without delivery.
+	Dropped
+	// Retried: a transient failure; the fire is redelivered after a
+	// back-off.
+	Retried
+	// Failed: a failure that a re-send cannot cure; recorded (see
+	// Reminder.LastFailure), logged and acknowledged.
+	Failed
+	// Abandoned: the runner stopped with the delivery under way; the fire
+	// is handed back at once for another runner.
+	Abandoned
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Delivered:
+		return "delivered"
+	case Dropped:
+		return "dropped"
+	case Retried:
+		return "retried"
+	case Failed:
+		return "failed"
+	default:
+		return "abandoned"
+	}
+}
+
+// RunnerStats are a runner's counters since it started.
+type RunnerStats struct {
+	Delivered int64 `json:"delivered"`
+	Dropped   int64 `json:"dropped"`
+	Retried   int64 `json:"retried"`
+	Failed    int64 `json:"failed"`
+	InFlight  int64 `json:"in_flight"`
+}
+
+// Runner takes fires from the shared consumer and delivers them. Stop it
+// with Stop. Safe for concurrent use.
+type Runner struct {
+	s      *Store
+	cfg    RunConfig
+	cc     jetstream.ConsumeContext
+	sem    chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+	done   chan struct{}
+
+	counts   [5]atomic.Int64
+	inFlight atomic.Int64
+
+	idsMu sync.Mutex
+	ids   map[string]struct{} // fires being delivered by this runner, by ID
+}
+
+// Run creates or updates the shared durable consumer and starts taking
+// fires from it. It blocks for the consumer's creation, bounded by ctx;
+// the runner then runs until Stop. Errors match ErrInvalidConfig, or are
+// JetStream's.
+func (s *Store) Run(ctx context.Context, cfg RunConfig) (*Runner, error) {
+	if cfg.Deliver == nil {
+		return nil, fmt.Errorf("%w: Deliver is nil", ErrInvalidConfig)
+	}
+	if cfg.Concurrency < 0 || cfg.Timeout < 0 || cfg.AckWait < 0 || cfg.RetryBase < 0 || cfg.RetryMax < 0 {
+		return nil, fmt.Errorf("%w: negative setting", ErrInvalidConfig)
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.AckWait == 0 {
+		cfg.AckWait = DefaultAckWait
+	}
+	if cfg.RetryBase == 0 {
+		cfg.RetryBase = time.Second
+	}
+	if cfg.RetryMax == 0 {
+		cfg.RetryMax = time.Minute
+	}
+	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       ConsumerName,
+		Description:   "natsmesh reminder fires, shared by the nodes",
+		FilterSubject: s.base + "f.>",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: 100_000,
+		// Replicas zero: the stream's.
+	})
+	if err != nil {
+		// An update the server refuses (another node's settings): the
+		// existing consumer serves as it is.
+		var uerr error
+		if cons, uerr = s.stream.Consumer(ctx, ConsumerName); uerr != nil {
+			return nil, fmt.Errorf("reminders: consumer %s: %w", ConsumerName, err)
+		}
+		s.log.Warn("reminder consumer kept its existing settings", "consumer", ConsumerName, "err", err)
+	}
+	r := &Runner{s: s, cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), done: make(chan struct{}), ids: map[string]struct{}{}}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	cc, err := cons.Consume(r.take, jetstream.PullMaxMessages(cfg.Concurrency),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+				s.log.Debug("reminder consumer", "err", err)
+			}
+		}))
+	if err != nil {
+		r.cancel()
+		return nil, fmt.Errorf("reminders: consume: %w", err)
+	}
+	r.cc = cc
+	return r, nil
+}
+
+// Stop stops taking fires, ends the deliveries under way (each fire is
+// handed back for another runner: Abandoned) and waits for them. Safe to
+// call more than once.
+func (r *Runner) Stop() {
+	r.once.Do(func() {
+		r.cc.Stop()
+		r.cancel()
+		r.wg.Wait()
+		close(r.done)
+	})
+}
+
+// Done is closed once Stop returned.
+func (r *Runner) Done() <-chan struct{} { return r.done }
+
+// Stats returns the runner's counters.
+func (r *Runner) Stats() RunnerStats {
+	return RunnerStats{
+		Delivered: r.counts[Delivered].Load(), Dropped: r.counts[Dropped].Load(),
+		Retried: r.counts[Retried].Load(), Failed: r.counts[Failed].Load(), InFlight: r.inFlight.Load(),
+	}
+}
+
+// take runs on the consume callback: it waits for a slot (back-pressure
+// on the pull) and hands the fire to a goroutine.
+func (r *Runner) take(m jetstream.Msg) {
+	select {
+	case r.sem <- struct{}{}:
+	case <-r.ctx.Done():
+		_ = m.Nak()
+		return
+	}
+	r.wg.Add(1)
+	r.inFlight.Add(1)
+	go func() {
+		defer func() {
+			r.inFlight.Add(-1)
+			<-r.sem
+			r.wg.Done()
+		}()
+		r.handle(m)
+	}()
+}
+
+func (r *Runner) outcome(f Fire, o Outcome, err error) {
+	if o != Abandoned {
+		r.counts[o].Add(1)
+	}
+	if cb := r.cfg.OnOutcome; cb != nil {
+		cb(f, o, err)
+	}
+}
+
+func (r *Runner) handle(m jetstream.Msg) {
+	f, sched, err := r.fire(m)
+	if err != nil {
+		// Not a fire this version can read: nothing will ever deliver it.
+		r.s.log.Warn("reminder fire unreadable; dropped", "subject", m.Subject(), "err", err)
+		_ = m.Term()
+		r.outcome(f, Failed, err)
+		return
+	}
+	// Is the fire's incarnation still current? A Cancel or a later Set
+	// moved the schedule subject on: drop the fire.
+	cur, err := r.s.stream.GetLastMsgForSubject(r.ctx, sched)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		if !f.Schedule.OneShot() {
+			_ = m.Ack() // a repeating schedule purged by hand
+			r.outcome(f, Dropped, nil)
+			return
+		}
+		// A one-shot's fire purges its schedule: current.
+	case err != nil:
+		r.retry(m, f, fmt.Errorf("reminders: read schedule %s: %w", sched, err))
+		return
+	case cur.Header.Get(HeaderIncarnation) != m.Headers().Get(HeaderIncarnation):
+		_ = m.Ack()
+		r.outcome(f, Dropped, nil)
+		return
+	}
+	// A fire redelivered while this runner still delivers it (its ack
+	// wait passed regardless of the keep-alive): leave it to the first.
+	r.idsMu.Lock()
+	_, busy := r.ids[f.ID]
+	if !busy {
+		r.ids[f.ID] = struct{}{}
+	}
+	r.idsMu.Unlock()
+	if busy {
+		_ = m.NakWithDelay(r.cfg.RetryBase)
+		return
+	}
+	defer func() {
+		r.idsMu.Lock()
+		delete(r.ids, f.ID)
+		r.idsMu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
+	stopTicks := r.keepAlive(ctx, m)
+	err = r.cfg.Deliver(ctx, f)
+	stopTicks()
+	cancel()
+	switch {
+	case err == nil:
+		if aerr := m.DoubleAck(r.ctx); aerr != nil && r.ctx.Err() == nil {
+			// The fire will be redelivered; its ID dedupes it.
+			r.s.log.Debug("reminder fire ack", "id", f.ID, "err", aerr)
+		}
+		r.outcome(f, Delivered, nil)
+	case r.ctx.Err() != nil:
+		_ = m.Nak()
+		r.outcome(f, Abandoned, err)
+	case verdict.IsTransient(err) || verdict.Classify(err) == verdict.Ignored:
+		r.retry(m, f, err)
+	default:
+		r.fail(m, f, err)
+	}
+}
+
+// keepAlive tells JetStream the fire is still in hand every AckWait/3
+// until the returned stop is called.
+func (r *Runner) keepAlive(ctx context.Context, m jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(r.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				_ = m.InProgress()
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+func (r *Runner) retry(m jetstream.Msg, f Fire, err error) {
+	d := r.cfg.RetryBase
+	for i := 1; i < f.Attempt && d < r.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	d = min(d, r.cfg.RetryMax)
+	d = time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	_ = m.NakWithDelay(d)
+	r.s.log.Debug("reminder fire not delivered; retrying", "address", f.Address, "name", f.Name, "attempt", f.Attempt, "in", d, "err", err)
+	r.outcome(f, Retried, err)
+}
+
+// fail records a fire that a re-send cannot deliver and drops it.
+func (r *Runner) fail(m jetstream.Msg, f Fire, err error) {
+	r.s.log.Warn("reminder fire could not be delivered; recorded and dropped",
+		"address", f.Address, "name", f.Name, "due", f.Due, "attempt", f.Attempt, "err", err)
+	rec := nats.NewMsg(r.s.subject("x", f.Address, f.Name))
+	rec.Data = []byte(err.Error())
+	rec.Header.Set(HeaderIncarnation, m.Headers().Get(HeaderIncarnation))
+	rec.Header.Set(HeaderDue, f.Due.UTC().Format(time.RFC3339Nano))
+	rec.Header.Set(natsRollup, "sub")
+	rec.Header.Set(natsTTL, FailureTTL.String())
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	if _, perr := r.s.js.PublishMsg(ctx, rec); perr != nil {
+		r.s.log.Warn("reminder failure not recorded", "address", f.Address, "name", f.Name, "err", perr)
+	}
+	cancel()
+	_ = m.Term()
+	r.outcome(f, Failed, err)
+}
+
+// fire reads a fire message; it returns the fire and its schedule subject.
+func (r *Runner) fire(m jetstream.Msg) (Fire, string, error) {
+	var f Fire
+	h := m.Headers()
+	sched := h.Get(natsScheduler)
+	addr, name, err := r.s.parseSubject(m.Subject())
+	if err != nil {
+		return f, sched, err
+	}
+	f.Address, f.Name, f.Type, f.Payload = addr, name, h.Get(HeaderType), m.Data()
+	if sched != r.s.subject("s", addr, name) {
+		return f, sched, fmt.Errorf("fire names schedule %q", sched)
+	}
+	f.Schedule, err = parsePattern(h.Get(HeaderSchedule), h.Get(HeaderZone))
+	if err != nil {
+		return f, sched, err
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		return f, sched, err
+	}
+	f.Attempt = int(md.NumDelivered)
+	next := h.Get(natsScheduleNext)
+	key := next
+	switch {
+	case f.Schedule.OneShot():
+		f.Due, key = f.Schedule.At, f.Schedule.At.UTC().Format(atLayout)
+	case f.Schedule.Every != 0:
+		t, err := time.Parse(time.RFC3339Nano, next)
+		if err != nil {
+			return f, sched, fmt.Errorf("header %s: %w", natsScheduleNext, err)
+		}
+		f.Due = t.Add(-f.Schedule.Every)
+	default:
+		if next == "" {
+			return f, sched, fmt.Errorf("header %s missing", natsScheduleNext)
+		}
+		f.Due = md.Timestamp
+	}
+	f.ID = FireID(addr, name, h.Get(HeaderIncarnation), key)
+	return f, sched, nil
+}
+
+// FireID is the delivery ID of the fire of (address, name, incarnation)
+// whose identity within its schedule is key (the @at time of a one-shot,
+// the server's Nats-Schedule-Next of a repeating fire: a fire's due time
+// and its next one determine each other).
+func FireID(addr subjects.Address, name, incarnation, key string) string {
+	h := sha256.New()
+	for _, s := range []string{string(addr), name, incarnation, key} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return "rem-" + hex.EncodeToString(h.Sum(nil)[:16])
+}
