@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
