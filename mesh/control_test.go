@@ -36,7 +36,7 @@ func TestControlService(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &info); err != nil {
 		t.Fatal(err)
 	}
-	if info.Name != ServiceName || info.Metadata[MetaNode] != n.ID().String() || info.Metadata[MetaPrefix] != "mesh.v1" || len(info.Endpoints) != 5 {
+	if info.Name != ServiceName || info.Metadata[MetaNode] != n.ID().String() || info.Metadata[MetaPrefix] != "mesh.v1" || len(info.Endpoints) != 6 {
 		t.Errorf("micro info %+v", info)
 	}
 	m, err = cli.Request(n.ControlSubject(ControlPing), nil, 2*time.Second)

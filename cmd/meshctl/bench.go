@@ -149,6 +149,7 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	// connection reconnects, and moves off a server in lame duck mode
 	// without losing an answer in flight (mesh.Client.MoveConnection).
 	var clientRef atomic.Pointer[mesh.Client]
+	userInbox := g.inboxPrefix
 	if g.inboxPrefix == "" {
 		// A mesh client: the acceptance replies it reads carry the keys
 		// of answers, so they go to the node profile's inbox
@@ -172,7 +173,7 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	if max := nc.MaxPayload(); max > 0 && int64(f.size)+1024 > max {
 		return usageErrorf("--size %d is over the server's max_payload of %d (less 1024 bytes for headers)", f.size, max)
 	}
-	target, err := benchTarget(ctx, g, nc, addr, f.node)
+	target, err := benchTarget(ctx, g, nc, userInbox, addr, f.node)
 	if err != nil {
 		return err
 	}
@@ -241,13 +242,25 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	return benchFailures(out)
 }
 
-// benchTarget picks the node to deliver to: the named one, else the first
-// (by name) that hosts the address's kind and is not draining.
-func benchTarget(ctx context.Context, g *globals, nc *nats.Conn, addr subjects.Address, name string) (subjects.NodeID, error) {
+// benchTarget picks the node to deliver to: the named one, else the owner
+// of addr found by a warm-up delivery through the ingress, else the first
+// (by name) that hosts the address's kind and is not draining. The warm-up
+// goes on a connection of its own with the user's inbox prefix (userInbox,
+// empty for nats.go's default): the ingress answers no reply under the
+// nodes' inbox, which nc uses.
+func benchTarget(ctx context.Context, g *globals, nc *nats.Conn, userInbox string, addr subjects.Address, name string) (subjects.NodeID, error) {
 	if name == "" {
 		// With several nodes the address has one owner: activate it
 		// through the ingress and bench the node that accepted it.
-		a, err := deliverIngress(ctx, nc, g.meshPrefix(), ingressDelivery{To: addr, Type: "natsmesh.bench.warmup"}, g.timeout)
+		nodeInbox := g.inboxPrefix
+		g.inboxPrefix = userInbox
+		wc, err := g.connect("meshctl bench warm-up")
+		g.inboxPrefix = nodeInbox
+		if err != nil {
+			return subjects.NodeID{}, err
+		}
+		a, err := deliverIngress(ctx, wc, g.meshPrefix(), ingressDelivery{To: addr, Type: "natsmesh.bench.warmup"}, g.timeout)
+		wc.Close()
 		if err == nil && a.Err == nil && a.Node != "" {
 			if id, perr := subjects.ParseNodeID(a.Node); perr == nil {
 				return id, nil
