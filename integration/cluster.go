@@ -49,13 +49,22 @@ type ClusterServer struct {
 // Call WaitReady before using JetStream.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return StartClusterWithAccounts(t, n, ClusterAccountsConf)
+}
+
+// StartClusterWithAccounts is StartCluster with accounts as the servers'
+// accounts section instead of ClusterAccountsConf (e.g. the production
+// section of docs/operations.md; the servers read any $VARIABLE in it from
+// the environment of the test process).
+func StartClusterWithAccounts(t testing.TB, n int, accounts string) *Cluster {
+	t.Helper()
 	if n < 1 {
 		t.Fatalf("StartCluster: n = %d", n)
 	}
 	// Free ports are picked, released, then bound by the servers: another
 	// process may take one in between. Start afresh with new ports then.
 	for attempt := 1; ; attempt++ {
-		c, err := startCluster(t, n)
+		c, err := startCluster(t, n, accounts)
 		if err == nil {
 			return c
 		}
@@ -75,7 +84,7 @@ func (c *Cluster) stopAll() {
 	}
 }
 
-func startCluster(t testing.TB, n int) (*Cluster, error) {
+func startCluster(t testing.TB, n int, accounts string) (*Cluster, error) {
 	c := &Cluster{t: t, bin: Build(t).NATSServer}
 	dir := t.TempDir()
 	for i := range n {
@@ -122,7 +131,7 @@ cluster {
   ]
 }
 
-%s`, s.Name, s.ClientPort, s.MonitorPort, s.StoreDir, s.ClusterPort, strings.Join(routes, "\n"), ClusterAccountsConf)
+%s`, s.Name, s.ClientPort, s.MonitorPort, s.StoreDir, s.ClusterPort, strings.Join(routes, "\n"), accounts)
 		if err := os.WriteFile(s.ConfigFile, []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}

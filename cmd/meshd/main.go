@@ -156,8 +156,12 @@ signal during the drain.`,
 	f.Var(nonNegativeDuration(&o.heartbeat, defaultHeartbeat), "heartbeat", "registry heartbeat; 0 means the default")
 	f.Var(nonNegativeDuration(&o.ttl, defaultTTL), "ttl", "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
 	f.Var(nonNegativeDuration(&o.placementWait, mesh.DefaultPlacementWait), "placement-wait", "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement); 0 means the default")
-	o.callerIdentity = "inbox"
-	f.Var(checked(&o.callerIdentity, oneOf("inbox", "request-info")), "caller-identity", "where the ingress takes a caller's identity from, which scopes delivery IDs (SECURITY.md): inbox (the reply's inbox prefix; one account) or request-info (the server-stamped Nats-Request-Info; tenants in their own accounts importing the ingress)")
+	// request-info is right in both modes: only a request that crossed a
+	// service import has a _R_ reply (the server refuses one a client
+	// names), so its Nats-Request-Info is the server's; any other request
+	// falls back to its inbox prefix, as with inbox.
+	o.callerIdentity = "request-info"
+	f.Var(checked(&o.callerIdentity, oneOf("inbox", "request-info")), "caller-identity", "where the ingress takes a caller's identity from, which scopes delivery IDs (SECURITY.md): request-info (the account and user the server stamps in Nats-Request-Info on a request that crossed the ingress's service import — tenants in their own accounts — else the reply's inbox prefix, as inbox; right in both modes) or inbox (the reply's inbox prefix only)")
 	f.BoolVar(&o.replace, "replace", false, "take the name over from a live node of the same name (it stands down and exits); without it meshd exits at once if its name is live")
 	o.logFormat, o.logLevel = "auto", "info"
 	f.Var(checked(&o.logFormat, oneOf("auto", "text", "json")), "log-format", "auto (text on a terminal, else JSON), text or json")
