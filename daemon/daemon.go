@@ -148,6 +148,13 @@ type Config struct {
 	// mesh.CallerFromInbox (one account), mesh.CallerFromRequestInfo for
 	// tenants in their own accounts that import the ingress.
 	CallerIdentity mesh.CallerIdentity
+	// IngressCallerRate, IngressCallerBurst and ClientInboxes are
+	// mesh.NodeConfig's: a per-caller rate limit on the ingress (zero: no
+	// limit) and the client users' inbox prefixes for the single-account
+	// reply rules (SECURITY.md).
+	IngressCallerRate  float64
+	IngressCallerBurst int
+	ClientInboxes      []string
 	// DisableIngress: this node does not serve <prefix>.in.*.* (others
 	// do). On by default.
 	DisableIngress bool
@@ -425,6 +432,8 @@ func Run(ctx context.Context, cfg Config) error {
 		OnMembershipEvent: met.observe,
 		DisableIngress:    cfg.DisableIngress,
 		CallerIdentity:    cfg.CallerIdentity,
+		IngressCallerRate: cfg.IngressCallerRate, IngressCallerBurst: cfg.IngressCallerBurst,
+		ClientInboxes: cfg.ClientInboxes,
 		OnFatal: func(err error) {
 			log.Error("node cannot go on", "err", err)
 			fatal.Store(&err)
