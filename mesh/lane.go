@@ -657,6 +657,7 @@ func (c *Client) finishLane(t *laneTicket, accepted bool) {
 	if removed {
 		delete(c.lanes, l.key)
 		l.key = LaneKey{}
+		l.subj = "" // the pool is the process's: the next client may have another prefix
 		if cap(l.q) > 2*len(l.qbuf) {
 			l.q = l.qbuf[:0] // a deep lane's queue is not kept
 		}
