@@ -166,11 +166,14 @@ func (h *Host) serving() error {
 func (h *Host) Deactivate(addr subjects.Address) {
 	h.mu.Lock()
 	a := h.activations[addr]
-	delete(h.activations, addr)
 	h.mu.Unlock()
 	if a == nil {
 		return
 	}
+	// Closed but still the address's activation until its turn in progress
+	// returns: a delivery arriving meanwhile is refused resendable
+	// (dispatch) instead of building a second activation whose turns would
+	// run beside that one.
 	a.close(verdict.New(verdict.ReasonNotOwner, "activation %s on %s stood down before handling", addr, h.nodeID))
 	for {
 		a.mu.Lock()
@@ -181,6 +184,11 @@ func (h *Host) Deactivate(addr subjects.Address) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	h.mu.Lock()
+	if h.activations[addr] == a {
+		delete(h.activations, addr)
+	}
+	h.mu.Unlock()
 	a.deactivate()
 }
 
