@@ -121,6 +121,14 @@ func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release fun
 			return nil, err
 		case stateClosed:
 			a.mu.Unlock()
+			h.mu.RLock()
+			closing := h.activations[addr] == a
+			h.mu.RUnlock()
+			if closing {
+				// Deactivate waits for its turn in progress: so does this
+				// (as Deactivate itself does, a millisecond at a time).
+				time.Sleep(time.Millisecond)
+			}
 			continue // collected or stood down meanwhile: activate it anew
 		}
 		a.holds++
