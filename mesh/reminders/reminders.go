@@ -347,6 +347,9 @@ func (s *Store) Get(ctx context.Context, addr subjects.Address, name string) (Re
 		return Reminder{}, err
 	}
 	r, err := s.load(ctx, s.subject("s", addr, name))
+	if errors.Is(err, ErrNotFound) {
+		return Reminder{}, fmt.Errorf("%w: %s %s", ErrNotFound, addr, name)
+	}
 	if err != nil {
 		return Reminder{}, err
 	}

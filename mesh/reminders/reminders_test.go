@@ -260,6 +260,8 @@ func TestReminderInvalid(t *testing.T) {
 		{"short interval", Reminder{Address: "a/b", Name: "n", Schedule: Every(500 * time.Millisecond)}},
 		{"zone without cron", Reminder{Address: "a/b", Name: "n", Schedule: Schedule{Every: time.Second, TimeZone: "UTC"}}},
 		{"bad zone", Reminder{Address: "a/b", Name: "n", Schedule: Cron("@daily", "Mars/Olympus")}},
+		{"five-field cron", Reminder{Address: "a/b", Name: "n", Schedule: Cron("*/5 * * * *", "")}},
+		{"unknown macro", Reminder{Address: "a/b", Name: "n", Schedule: Cron("@fortnightly", "")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := st.Set(context.Background(), tc.r); !errors.Is(err, ErrInvalidReminder) {
@@ -267,8 +269,9 @@ func TestReminderInvalid(t *testing.T) {
 			}
 		})
 	}
-	// A cron expression the server cannot parse is refused by the server.
-	if _, err := st.Set(context.Background(), Reminder{Address: "a/b", Name: "n", Schedule: Cron("not cron", "")}); err == nil {
+	// A six-field cron expression the server cannot parse is refused by
+	// the server.
+	if _, err := st.Set(context.Background(), Reminder{Address: "a/b", Name: "n", Schedule: Cron("a b c d e f", "")}); err == nil {
 		t.Fatal("Set with a bad cron expression succeeded")
 	}
 }
