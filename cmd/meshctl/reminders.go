@@ -202,17 +202,27 @@ func printReminders(g *globals, reply mesh.ReminderReply) error {
 		err = writeJSON(g.stdout, reply.Reminders)
 	} else {
 		now := time.Now()
-		t := newTable(g.stdout, "ADDRESS", "NAME", "SCHEDULE", "TYPE", "PAYLOAD", "SET", "LAST FAILURE")
+		t := newTable(g.stdout, "ADDRESS", "NAME", "SCHEDULE", "TYPE", "PAYLOAD", "SET", "PENDING", "LAST FAILURE")
 		for _, r := range reply.Reminders {
 			failure := ""
 			if r.LastFailure != nil {
 				failure = age(r.LastFailure.At, now) + " ago: " + r.LastFailure.Error
+				if r.LastFailure.Retrying {
+					failure += " (retrying)"
+				}
+			}
+			pending := ""
+			if p := r.Pending; p != nil {
+				pending = "fire since " + p.Due.UTC().Format(time.RFC3339)
+				if p.Retried > 0 {
+					pending += fmt.Sprintf(", retried %d times", p.Retried)
+				}
 			}
 			set := ""
 			if !r.Set.IsZero() {
 				set = age(r.Set, now) + " ago"
 			}
-			t.row(r.Address, r.Name, r.Schedule, orDash(r.Type), r.PayloadSize, orDash(set), orDash(failure))
+			t.row(r.Address, r.Name, r.Schedule, orDash(r.Type), r.PayloadSize, orDash(set), orDash(pending), orDash(failure))
 		}
 		err = t.flush()
 	}

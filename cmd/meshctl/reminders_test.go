@@ -96,3 +96,42 @@ func TestRemindersSetRefusesWhatTheServerWould(t *testing.T) {
 		t.Fatalf("second cancel: %s", r.stderr)
 	}
 }
+
+// TestRemindersNoPlacementListedAndCancelled: a reminder at a kind no
+// node hosts keeps its fire pending; list shows it (pending fire, the
+// no-placement failure) and cancel drops it.
+func TestRemindersNoPlacementListedAndCancelled(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	node, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "n1", Logger: slog.New(slog.DiscardHandler),
+		Membership: &mesh.MembershipConfig{Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Close() })
+
+	wantCode(t, meshctl(t, s, "", "reminders", "set", "ecko/c", "c6", "--in", "200ms"), 0)
+	var r result
+	natstest.Eventually(t, 15*time.Second, func() bool {
+		r = meshctl(t, s, "", "reminders", "list", "ecko/c")
+		return r.code == 0 && strings.Contains(r.stdout, "fire since") && strings.Contains(r.stdout, "(retrying)")
+	}, "the pending fire is not listed")
+	if !strings.Contains(r.stdout, "c6") || !strings.Contains(r.stdout, "no live node") {
+		t.Fatalf("list:\n%s", r.stdout)
+	}
+	r = meshctl(t, s, "", "-o", "json", "reminders", "list", "ecko/c")
+	var rows []mesh.ReminderRow
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || len(rows) != 1 || rows[0].Pending == nil || rows[0].LastFailure == nil {
+		t.Fatalf("json %v: %s", err, r.stdout)
+	}
+	r = meshctl(t, s, "", "reminders", "cancel", "ecko/c", "c6")
+	wantCode(t, r, 0)
+	natstest.Eventually(t, 15*time.Second, func() bool {
+		r = meshctl(t, s, "", "reminders", "list", "ecko/c")
+		return r.code == 0 && !strings.Contains(r.stdout, "c6")
+	}, "the cancelled reminder is still listed")
+	wantCode(t, meshctl(t, s, "", "reminders", "cancel", "ecko/c", "c6"), exitVerdict)
+}
