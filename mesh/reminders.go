@@ -56,11 +56,13 @@ type ReminderRow struct {
 	Set         time.Time          `json:"set,omitzero"`
 	Revision    uint64             `json:"revision"`
 	LastFailure *reminders.Failure `json:"last_failure,omitempty"`
+	// Pending is its fire not yet delivered, if any.
+	Pending *reminders.PendingFire `json:"pending_fire,omitempty"`
 }
 
 func reminderRow(r reminders.Reminder) ReminderRow {
 	return ReminderRow{Address: r.Address, Name: r.Name, Schedule: r.Schedule.String(), Type: r.Type,
-		PayloadSize: len(r.Payload), Set: r.Set, Revision: r.Revision, LastFailure: r.LastFailure}
+		PayloadSize: len(r.Payload), Set: r.Set, Revision: r.Revision, LastFailure: r.LastFailure, Pending: r.Pending}
 }
 
 // Reminders returns the node's reminder store (DESIGN §13, package

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -11,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -49,13 +52,15 @@ exits 3.`,
 	}
 
 	var at, in, every, cron, zone, typ, payload string
+	var allowPast bool
 	set := &cobra.Command{
 		Use:   "set ADDRESS NAME (--at TIME | --in DURATION | --every DURATION | --cron EXPR [--zone ZONE])",
 		Short: "Set (or replace) the reminder NAME of ADDRESS",
 		Long: `Set the reminder NAME of ADDRESS, replacing one of that name. Exactly one of
 --at (RFC 3339), --in (from now), --every (at least 1s) and --cron (six fields,
 seconds first, or @hourly, @daily, ...; --zone names its IANA time zone).
-Each fire is a delivery of --type with --payload.`,
+An --at or --in in the past is refused unless --allow-past (it then fires at
+once). Each fire is a delivery of --type with --payload.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := mesh.ReminderRequest{Op: mesh.ReminderSet, Address: subjects.Address(args[0]), Name: args[1],
@@ -81,16 +86,26 @@ Each fire is a delivery of --type with --payload.`,
 				if err != nil {
 					return usageErrorf("--at: %v", err)
 				}
+				if !allowPast && t.Before(time.Now()) {
+					return usageErrorf("--at %s is in the past (--allow-past fires it at once)", at)
+				}
 				req.At = t
 			case in != "":
 				d, err := time.ParseDuration(in)
 				if err != nil {
 					return usageErrorf("--in: %v", err)
 				}
+				if !allowPast && d < 0 {
+					return usageErrorf("--in %s is in the past (--allow-past fires it at once)", in)
+				}
 				req.At = time.Now().Add(d)
 			case every != "":
 				if _, err := time.ParseDuration(every); err != nil {
 					return usageErrorf("--every: %v", err)
+				}
+			case cron != "":
+				if err := reminders.ValidateCron(cron); err != nil {
+					return usageErrorf("--cron: %v", strings.TrimPrefix(err.Error(), reminders.ErrInvalidReminder.Error()+": "))
 				}
 			}
 			reply, err := reminderCall(cmd.Context(), g, node, req)
@@ -107,6 +122,7 @@ Each fire is a delivery of --type with --payload.`,
 	set.Flags().StringVar(&zone, "zone", "", "IANA time zone of --cron (default UTC)")
 	set.Flags().StringVar(&typ, "type", "", "delivery type of each fire")
 	set.Flags().StringVar(&payload, "payload", "", "payload of each fire")
+	set.Flags().BoolVar(&allowPast, "allow-past", false, "accept an --at or --in in the past (fires at once)")
 
 	cancel := &cobra.Command{
 		Use:   "cancel ADDRESS NAME",
@@ -123,6 +139,9 @@ Each fire is a delivery of --type with --payload.`,
 			}
 			if g.json() {
 				return writeJSON(g.stdout, reply)
+			}
+			if _, err := fmt.Fprintf(g.stdout, "cancelled reminder %s %s\n", req.Address, req.Name); err != nil {
+				return exitf(exitUsage, "write output: %v", err)
 			}
 			return nil
 		},
@@ -183,17 +202,27 @@ func printReminders(g *globals, reply mesh.ReminderReply) error {
 		err = writeJSON(g.stdout, reply.Reminders)
 	} else {
 		now := time.Now()
-		t := newTable(g.stdout, "ADDRESS", "NAME", "SCHEDULE", "TYPE", "PAYLOAD", "SET", "LAST FAILURE")
+		t := newTable(g.stdout, "ADDRESS", "NAME", "SCHEDULE", "TYPE", "PAYLOAD", "SET", "PENDING", "LAST FAILURE")
 		for _, r := range reply.Reminders {
 			failure := ""
 			if r.LastFailure != nil {
 				failure = age(r.LastFailure.At, now) + " ago: " + r.LastFailure.Error
+				if r.LastFailure.Retrying {
+					failure += " (retrying)"
+				}
+			}
+			pending := ""
+			if p := r.Pending; p != nil {
+				pending = "fire since " + p.Due.UTC().Format(time.RFC3339)
+				if p.Retried > 0 {
+					pending += fmt.Sprintf(", retried %d times", p.Retried)
+				}
 			}
 			set := ""
 			if !r.Set.IsZero() {
 				set = age(r.Set, now) + " ago"
 			}
-			t.row(r.Address, r.Name, r.Schedule, orDash(r.Type), r.PayloadSize, orDash(set), orDash(failure))
+			t.row(r.Address, r.Name, r.Schedule, orDash(r.Type), r.PayloadSize, orDash(set), orDash(pending), orDash(failure))
 		}
 		err = t.flush()
 	}

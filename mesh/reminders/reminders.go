@@ -10,7 +10,8 @@
 //
 //	<prefix>.rem.s.<address>.<name>   the schedule: one message, rolled up on each Set
 //	<prefix>.rem.f.<address>.<name>   fires the server produced from it, not yet delivered
-//	<prefix>.rem.x.<address>.<name>   the last fire that could not be delivered (kept 7 days)
+//	<prefix>.rem.x.<address>.<name>   the last fire that could not be delivered, or that found no
+//	                                  placement and is still retried (kept 7 days)
 //
 // A Set publishes the schedule message (Nats-Schedule, Nats-Schedule-Target
 // naming the fire subject, and the reminder's type, payload and a random
@@ -19,7 +20,10 @@
 // copies the message onto the fire subject — a one-shot's schedule is
 // purged in the same step. A Cancel writes a tombstone onto the schedule
 // subject (rolled up, expiring after a day): the server drops the schedule,
-// and fires of the cancelled incarnation not yet delivered are dropped.
+// and fires of the cancelled incarnation not yet delivered are dropped. A
+// one-shot whose schedule the server purged when it fired is still a
+// reminder (Get, List, Cancel) while its fire is pending or its failure is
+// recorded.
 //
 // The stream has work-queue retention: a fire leaves it when it is
 // acknowledged. Its one durable consumer ([ConsumerName]) is shared by
@@ -40,6 +44,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,6 +73,11 @@ const (
 	HeaderCancelled = "Mesh-Reminder-Cancelled"
 	// HeaderDue is the due time of a recorded failure (RFC 3339).
 	HeaderDue = "Mesh-Reminder-Due"
+	// HeaderAttempt is the attempt count of a recorded failure.
+	HeaderAttempt = "Mesh-Reminder-Attempt"
+	// HeaderRetrying marks a recorded failure whose fire is still
+	// retried (no node hosted the address's kind: no placement).
+	HeaderRetrying = "Mesh-Reminder-Retrying"
 )
 
 // Headers of JetStream's message scheduling (nats-server stream.go).
@@ -218,9 +228,14 @@ type Reminder struct {
 	// Set, Get and List.
 	Revision uint64 `json:"revision,omitempty"`
 	// LastFailure is the last fire of this reminder that could not be
-	// delivered (a failure the sender may not resend), if recorded within
-	// FailureTTL; filled by Get and List.
+	// delivered (a failure the sender may not resend, or no placement:
+	// see Failure.Retrying), if recorded within FailureTTL; filled by Get
+	// and List.
 	LastFailure *Failure `json:"last_failure,omitempty"`
+	// Pending is the fire of this reminder the server produced and no
+	// node has delivered yet (the last one, if several), if any; filled
+	// by Get and List.
+	Pending *PendingFire `json:"pending_fire,omitempty"`
 
 	incarnation string
 }
@@ -230,6 +245,23 @@ type Failure struct {
 	Due   time.Time `json:"due"`
 	At    time.Time `json:"at"`
 	Error string    `json:"error"`
+	// Attempt is the attempt that failed (JetStream's delivery count).
+	Attempt int `json:"attempt,omitempty"`
+	// Retrying: the fire is still retried with back-off (no node hosted
+	// the address's kind after the placement wait); otherwise it was
+	// dropped.
+	Retrying bool `json:"retrying,omitempty"`
+}
+
+// PendingFire is a fire produced by the server and not yet delivered:
+// waiting for a runner, being delivered, or retried with back-off.
+type PendingFire struct {
+	// Due is when the fire was due.
+	Due time.Time `json:"due"`
+	// Retried is how many times its delivery was retried, as far as
+	// recorded: the runner records the retries of a fire that found no
+	// placement (see Failure.Retrying); zero otherwise.
+	Retried int `json:"retried,omitempty"`
 }
 
 // ValidateName checks a reminder name: 1-[MaxNameLen] bytes of printable
@@ -317,28 +349,42 @@ func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 	return r, nil
 }
 
-// Cancel removes the reminder name of addr: it fires no more, and its
-// fires not yet delivered are dropped (one whose delivery is already under
-// way completes). It blocks for a read and a JetStream publish, bounded by
-// ctx. Errors match ErrNotFound (nothing to cancel), ErrInvalidReminder, or
-// are JetStream's.
+// Cancel removes the reminder name of addr — a schedule, a fire not yet
+// delivered (a one-shot's, whose schedule the server purged when it
+// fired), or only a recorded failure: it fires no more, its fires not yet
+// delivered are dropped (one whose delivery is already under way
+// completes) and its failure record is cleared. It blocks for the reads of
+// Get and one or two JetStream publishes, bounded by ctx. Errors match
+// ErrNotFound (nothing to cancel), ErrInvalidReminder, or are JetStream's.
 func (s *Store) Cancel(ctx context.Context, addr subjects.Address, name string) error {
-	if _, err := s.Get(ctx, addr, name); err != nil {
+	r, err := s.Get(ctx, addr, name)
+	if err != nil {
 		return err
 	}
-	m := nats.NewMsg(s.subject("s", addr, name))
-	m.Header.Set(HeaderCancelled, "true")
-	m.Header.Set(natsRollup, "sub")
-	m.Header.Set(natsTTL, TombstoneTTL.String())
-	if _, err := s.js.PublishMsg(ctx, m); err != nil {
-		return fmt.Errorf("reminders: cancel %s %s: %w", addr, name, err)
+	families := []string{"s"}
+	if r.LastFailure != nil {
+		families = append(families, "x")
+	}
+	for _, fam := range families {
+		m := nats.NewMsg(s.subject(fam, addr, name))
+		m.Header.Set(HeaderCancelled, "true")
+		m.Header.Set(natsRollup, "sub")
+		m.Header.Set(natsTTL, TombstoneTTL.String())
+		if _, err := s.js.PublishMsg(ctx, m); err != nil {
+			return fmt.Errorf("reminders: cancel %s %s: %w", addr, name, err)
+		}
 	}
 	return nil
 }
 
-// Get returns the current reminder name of addr. It blocks for one or two
-// direct gets, bounded by ctx. Errors match ErrNotFound,
-// ErrInvalidReminder, or are JetStream's.
+// Get returns the reminder name of addr: its current schedule, or — once
+// a one-shot's schedule is gone (the server purges it when it fires) — a
+// fire of it not yet delivered (Pending), or else its recorded failure
+// (LastFailure); Schedule, Type and Payload then come from that fire (the
+// record carries no payload) and Set and Revision are zero. It blocks for
+// up to three direct gets, bounded by ctx. Errors match ErrNotFound (never
+// set, cancelled, or a one-shot that fired, was delivered and left no
+// failure), ErrInvalidReminder, or are JetStream's.
 func (s *Store) Get(ctx context.Context, addr subjects.Address, name string) (Reminder, error) {
 	if err := addr.Validate(); err != nil {
 		return Reminder{}, fmt.Errorf("%w: %w", ErrInvalidReminder, err)
@@ -346,79 +392,136 @@ func (s *Store) Get(ctx context.Context, addr subjects.Address, name string) (Re
 	if err := ValidateName(name); err != nil {
 		return Reminder{}, err
 	}
-	r, err := s.load(ctx, s.subject("s", addr, name))
+	return s.find(ctx, addr, name)
+}
+
+// last returns the last message of subj, or nil.
+func (s *Store) last(ctx context.Context, subj string) (*jetstream.RawStreamMsg, error) {
+	m, err := s.stream.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	return m, err
+}
+
+// find reads the reminder name of addr from its three subjects (see Get).
+func (s *Store) find(ctx context.Context, addr subjects.Address, name string) (Reminder, error) {
+	notFound := fmt.Errorf("%w: %s %s", ErrNotFound, addr, name)
+	var r Reminder
+	found := false
+	sm, err := s.last(ctx, s.subject("s", addr, name))
 	if err != nil {
 		return Reminder{}, err
 	}
-	s.loadFailure(ctx, &r)
+	if sm != nil {
+		if sm.Header.Get(HeaderCancelled) != "" || sm.Header.Get(natsSchedule) == "" {
+			return Reminder{}, notFound // cancelled: its waiting fires are dropped
+		}
+		sch, err := parsePattern(sm.Header.Get(natsSchedule), sm.Header.Get(natsScheduleTZ))
+		if err != nil {
+			return Reminder{}, err
+		}
+		r = Reminder{Address: addr, Name: name, Schedule: sch, Type: sm.Header.Get(HeaderType), Payload: sm.Data,
+			Set: sm.Time.UTC(), Revision: sm.Sequence, incarnation: sm.Header.Get(HeaderIncarnation)}
+		found = true
+	}
+	fm, err := s.last(ctx, s.subject("f", addr, name))
+	if err != nil {
+		return Reminder{}, err
+	}
+	if fm != nil && (!found || fm.Header.Get(HeaderIncarnation) == r.incarnation) {
+		if !found {
+			if r, err = fromCopy(addr, name, fm.Header, fm.Data); err != nil {
+				return Reminder{}, err
+			}
+			found = true
+		}
+		sch, _ := parsePattern(fm.Header.Get(HeaderSchedule), fm.Header.Get(HeaderZone))
+		due, _ := fireDue(sch, fm.Header.Get(natsScheduleNext), fm.Time)
+		r.Pending = &PendingFire{Due: due.UTC()}
+	}
+	xm, err := s.last(ctx, s.subject("x", addr, name))
+	if err != nil {
+		return Reminder{}, err
+	}
+	if xm != nil && xm.Header.Get(HeaderCancelled) == "" && (!found || xm.Header.Get(HeaderIncarnation) == r.incarnation) {
+		if !found {
+			if r, err = fromCopy(addr, name, xm.Header, nil); err != nil {
+				return Reminder{}, err
+			}
+			found = true
+		}
+		due, _ := time.Parse(time.RFC3339Nano, xm.Header.Get(HeaderDue))
+		attempt, _ := strconv.Atoi(xm.Header.Get(HeaderAttempt))
+		r.LastFailure = &Failure{Due: due, At: xm.Time.UTC(), Error: string(xm.Data), Attempt: attempt,
+			Retrying: xm.Header.Get(HeaderRetrying) != ""}
+		if r.Schedule == (Schedule{}) {
+			r.Schedule = At(due) // a record written before records carried the schedule
+		}
+		if r.Pending != nil && r.LastFailure.Retrying && r.Pending.Due.Equal(due) && attempt > 0 {
+			r.Pending.Retried = attempt
+		}
+	}
+	if !found {
+		return Reminder{}, notFound
+	}
 	return r, nil
 }
 
-// load reads the schedule message of subj; a tombstone or no message is
-// ErrNotFound.
-func (s *Store) load(ctx context.Context, subj string) (Reminder, error) {
-	m, err := s.stream.GetLastMsgForSubject(ctx, subj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return Reminder{}, ErrNotFound
+// fromCopy reads a reminder from a fire or a failure record, which carry
+// the schedule's headers.
+func fromCopy(addr subjects.Address, name string, h nats.Header, payload []byte) (Reminder, error) {
+	r := Reminder{Address: addr, Name: name, Type: h.Get(HeaderType), Payload: payload, incarnation: h.Get(HeaderIncarnation)}
+	if p := h.Get(HeaderSchedule); p != "" {
+		sch, err := parsePattern(p, h.Get(HeaderZone))
+		if err != nil {
+			return Reminder{}, err
+		}
+		r.Schedule = sch
 	}
-	if err != nil {
-		return Reminder{}, err
-	}
-	if m.Header.Get(HeaderCancelled) != "" || m.Header.Get(natsSchedule) == "" {
-		return Reminder{}, ErrNotFound
-	}
-	addr, name, err := s.parseSubject(m.Subject)
-	if err != nil {
-		return Reminder{}, err
-	}
-	sch, err := parsePattern(m.Header.Get(natsSchedule), m.Header.Get(natsScheduleTZ))
-	if err != nil {
-		return Reminder{}, err
-	}
-	return Reminder{
-		Address: addr, Name: name, Schedule: sch, Type: m.Header.Get(HeaderType), Payload: m.Data,
-		Set: m.Time.UTC(), Revision: m.Sequence, incarnation: m.Header.Get(HeaderIncarnation),
-	}, nil
+	return r, nil
 }
 
-// loadFailure fills r.LastFailure from the failure record of r's
-// incarnation, if any (best effort).
-func (s *Store) loadFailure(ctx context.Context, r *Reminder) {
-	m, err := s.stream.GetLastMsgForSubject(ctx, s.subject("x", r.Address, r.Name))
-	if err != nil || m.Header.Get(HeaderIncarnation) != r.incarnation {
-		return
-	}
-	due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDue))
-	r.LastFailure = &Failure{Due: due, At: m.Time.UTC(), Error: string(m.Data)}
-}
-
-// List returns the current reminders of addr, or of every address when
-// addr is empty, sorted by address then name: the stream's last message
-// per schedule subject, tombstones left out. It blocks for a stream info
-// and one direct get per reminder, bounded by ctx. Errors match
-// ErrInvalidReminder, or are JetStream's.
+// List returns the reminders of addr, or of every address when addr is
+// empty, sorted by address then name: every (address, name) with a
+// subject in the stream, read as Get reads it (a current schedule, a fire
+// not yet delivered, or a recorded failure), cancelled ones left out. It
+// blocks for a stream info and up to three direct gets per reminder,
+// bounded by ctx. Errors match ErrInvalidReminder, or are JetStream's.
 func (s *Store) List(ctx context.Context, addr subjects.Address) ([]Reminder, error) {
-	filter := s.base + "s.*.*"
+	filter := s.base + "*.*.*"
 	if addr != "" {
 		if err := addr.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidReminder, err)
 		}
-		filter = s.base + "s." + subjects.EncodeToken(string(addr)) + ".*"
+		filter = s.base + "*." + subjects.EncodeToken(string(addr)) + ".*"
 	}
 	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
 		return nil, fmt.Errorf("reminders: list: %w", err)
 	}
+	type key struct {
+		addr subjects.Address
+		name string
+	}
+	seen := map[key]bool{}
 	out := make([]Reminder, 0, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
-		r, err := s.load(ctx, subj)
+		a, n, err := s.parseSubject(subj)
+		if err != nil {
+			return nil, fmt.Errorf("reminders: list: %w", err)
+		}
+		if seen[key{a, n}] {
+			continue
+		}
+		seen[key{a, n}] = true
+		r, err := s.find(ctx, a, n)
 		if errors.Is(err, ErrNotFound) {
-			continue // a tombstone, or fired and purged since
+			continue // cancelled, or delivered and gone since
 		}
 		if err != nil {
 			return nil, fmt.Errorf("reminders: list: %w", err)
 		}
-		s.loadFailure(ctx, &r)
 		out = append(out, r)
 	}
 	slices.SortFunc(out, func(a, b Reminder) int {

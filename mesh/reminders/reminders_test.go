@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -260,6 +261,8 @@ func TestReminderInvalid(t *testing.T) {
 		{"short interval", Reminder{Address: "a/b", Name: "n", Schedule: Every(500 * time.Millisecond)}},
 		{"zone without cron", Reminder{Address: "a/b", Name: "n", Schedule: Schedule{Every: time.Second, TimeZone: "UTC"}}},
 		{"bad zone", Reminder{Address: "a/b", Name: "n", Schedule: Cron("@daily", "Mars/Olympus")}},
+		{"five-field cron", Reminder{Address: "a/b", Name: "n", Schedule: Cron("*/5 * * * *", "")}},
+		{"unknown macro", Reminder{Address: "a/b", Name: "n", Schedule: Cron("@fortnightly", "")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := st.Set(context.Background(), tc.r); !errors.Is(err, ErrInvalidReminder) {
@@ -267,8 +270,9 @@ func TestReminderInvalid(t *testing.T) {
 			}
 		})
 	}
-	// A cron expression the server cannot parse is refused by the server.
-	if _, err := st.Set(context.Background(), Reminder{Address: "a/b", Name: "n", Schedule: Cron("not cron", "")}); err == nil {
+	// A six-field cron expression the server cannot parse is refused by
+	// the server.
+	if _, err := st.Set(context.Background(), Reminder{Address: "a/b", Name: "n", Schedule: Cron("a b c d e f", "")}); err == nil {
 		t.Fatal("Set with a bad cron expression succeeded")
 	}
 }
@@ -410,5 +414,76 @@ func TestReminderManyFireOnceEach(t *testing.T) {
 func TestFireIDGolden(t *testing.T) {
 	if got := FireID("timer/a", "wake", "inc", "2026-01-01T09:00:00.000Z"); got != "rem-20ee50c7fe02c3b2834d3239b703b374" {
 		t.Fatalf("FireID = %s", got)
+	}
+}
+
+// A fire whose address's kind no node hosts is retried, and meanwhile
+// List and Get show it (the one-shot's schedule is gone: the server purged
+// it when it fired) with its pending fire and the recorded no-placement
+// failure; Cancel drops the pending fire.
+func TestReminderNoPlacementFireListedAndCancellable(t *testing.T) {
+	st := open(t)
+	ctx := context.Background()
+	rec := &recorder{fail: func(Fire) error { return fmt.Errorf("after the placement wait: %w", verdict.ErrNoPlacement) }}
+	runner := run(t, st, rec, nil)
+	due := time.Now().Add(300 * time.Millisecond).Truncate(time.Millisecond)
+	if _, err := st.Set(ctx, Reminder{Address: "ecko/c", Name: "c6", Schedule: At(due), Type: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	var got Reminder
+	natstest.Eventually(t, 10*time.Second, func() bool {
+		rs, err := st.List(ctx, "ecko/c")
+		if err != nil || len(rs) != 1 {
+			return false
+		}
+		got = rs[0]
+		return got.Pending != nil && got.LastFailure != nil && got.Pending.Retried >= 2
+	}, "the retried fire is not listed with its pending fire and failure")
+	if got.Name != "c6" || !got.Schedule.At.Equal(due) || got.Type != "t" || !got.Pending.Due.Equal(due) ||
+		!got.LastFailure.Retrying || !strings.Contains(got.LastFailure.Error, "no live node") {
+		t.Fatalf("listed %+v pending %+v failure %+v", got, got.Pending, got.LastFailure)
+	}
+	if runner.Stats().Retried < 2 {
+		t.Fatalf("stats %+v", runner.Stats())
+	}
+	if err := st.Cancel(ctx, "ecko/c", "c6"); err != nil {
+		t.Fatalf("Cancel of a reminder with only a pending fire: %v", err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { f, _ := pending(t, st); return f == 0 }, "the cancelled fire was not dropped")
+	if rs, err := st.List(ctx, ""); err != nil || len(rs) != 0 {
+		t.Fatalf("List after Cancel: %v %+v", err, rs)
+	}
+	err := st.Cancel(ctx, "ecko/c", "c6")
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "ecko/c c6") {
+		t.Fatalf("second Cancel: %v", err)
+	}
+}
+
+// A one-shot whose fire failed hopelessly is listed with its failure
+// (nothing else is left of it), and Cancel clears it.
+func TestReminderOneShotFailureListed(t *testing.T) {
+	st := open(t)
+	ctx := context.Background()
+	rec := &recorder{fail: func(Fire) error { return verdict.New(verdict.ReasonHandlerError, "handler broke") }}
+	run(t, st, rec, nil)
+	due := time.Now().Add(300 * time.Millisecond).Truncate(time.Millisecond)
+	if _, err := st.Set(ctx, Reminder{Address: "a/once", Name: "n", Schedule: At(due), Type: "t", Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	var got []Reminder
+	natstest.Eventually(t, 10*time.Second, func() bool {
+		f, s := pending(t, st)
+		got, _ = st.List(ctx, "a/once")
+		return f == 0 && s == 0 && len(got) == 1 && got[0].LastFailure != nil
+	}, "the failed one-shot is not listed")
+	r := got[0]
+	if r.Pending != nil || r.LastFailure.Retrying || !r.Schedule.At.Equal(due) || r.Type != "t" || r.LastFailure.Attempt != 1 {
+		t.Fatalf("listed %+v failure %+v", r, r.LastFailure)
+	}
+	if err := st.Cancel(ctx, "a/once", "n"); err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := st.List(ctx, "a/once"); err != nil || len(rs) != 0 {
+		t.Fatalf("List after Cancel: %v %+v", err, rs)
 	}
 }

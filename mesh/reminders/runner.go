@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -317,6 +318,12 @@ func (r *Runner) handle(m jetstream.Msg) {
 	case r.ctx.Err() != nil:
 		_ = m.Nak()
 		r.outcome(f, Abandoned, err)
+	case errors.Is(err, verdict.ErrNoPlacement):
+		// No node hosts the kind, after the client's placement wait: a
+		// node of that kind may yet come, so retried like any transient
+		// failure — but recorded, so list shows why it waits.
+		r.record(m, f, err, true)
+		r.retry(m, f, err)
 	case verdict.IsTransient(err) || verdict.Classify(err) == verdict.Ignored:
 		r.retry(m, f, err)
 	default:
@@ -364,19 +371,35 @@ func (r *Runner) retry(m jetstream.Msg, f Fire, err error) {
 func (r *Runner) fail(m jetstream.Msg, f Fire, err error) {
 	r.s.log.Warn("reminder fire could not be delivered; recorded and dropped",
 		"address", f.Address, "name", f.Name, "due", f.Due, "attempt", f.Attempt, "err", err)
+	r.record(m, f, err, false)
+	_ = m.Term()
+	r.outcome(f, Failed, err)
+}
+
+// record writes the failure record of f on rem.x (replacing the earlier
+// one); retrying marks a fire that is still retried.
+func (r *Runner) record(m jetstream.Msg, f Fire, err error, retrying bool) {
+	h := m.Headers()
 	rec := nats.NewMsg(r.s.subject("x", f.Address, f.Name))
 	rec.Data = []byte(err.Error())
-	rec.Header.Set(HeaderIncarnation, m.Headers().Get(HeaderIncarnation))
+	rec.Header.Set(HeaderIncarnation, h.Get(HeaderIncarnation))
 	rec.Header.Set(HeaderDue, f.Due.UTC().Format(time.RFC3339Nano))
+	rec.Header.Set(HeaderAttempt, strconv.Itoa(f.Attempt))
+	for _, k := range []string{HeaderSchedule, HeaderZone, HeaderType} {
+		if v := h.Get(k); v != "" {
+			rec.Header.Set(k, v)
+		}
+	}
+	if retrying {
+		rec.Header.Set(HeaderRetrying, "true")
+	}
 	rec.Header.Set(natsRollup, "sub")
 	rec.Header.Set(natsTTL, FailureTTL.String())
 	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	defer cancel()
 	if _, perr := r.s.js.PublishMsg(ctx, rec); perr != nil {
 		r.s.log.Warn("reminder failure not recorded", "address", f.Address, "name", f.Name, "err", perr)
 	}
-	cancel()
-	_ = m.Term()
-	r.outcome(f, Failed, err)
 }
 
 // fire reads a fire message; it returns the fire and its schedule subject.
@@ -403,23 +426,34 @@ func (r *Runner) fire(m jetstream.Msg) (Fire, string, error) {
 	f.Attempt = int(md.NumDelivered)
 	next := h.Get(natsScheduleNext)
 	key := next
-	switch {
-	case f.Schedule.OneShot():
-		f.Due, key = f.Schedule.At, f.Schedule.At.UTC().Format(atLayout)
-	case f.Schedule.Every != 0:
-		t, err := time.Parse(time.RFC3339Nano, next)
-		if err != nil {
-			return f, sched, fmt.Errorf("header %s: %w", natsScheduleNext, err)
-		}
-		f.Due = t.Add(-f.Schedule.Every)
-	default:
-		if next == "" {
-			return f, sched, fmt.Errorf("header %s missing", natsScheduleNext)
-		}
-		f.Due = md.Timestamp
+	if f.Schedule.OneShot() {
+		key = f.Schedule.At.UTC().Format(atLayout)
+	}
+	if f.Due, err = fireDue(f.Schedule, next, md.Timestamp); err != nil {
+		return f, sched, err
 	}
 	f.ID = FireID(addr, name, h.Get(HeaderIncarnation), key)
 	return f, sched, nil
+}
+
+// fireDue is the due time of a fire of sch with the server's
+// Nats-Schedule-Next next, stored at ts.
+func fireDue(sch Schedule, next string, ts time.Time) (time.Time, error) {
+	switch {
+	case sch.OneShot():
+		return sch.At, nil
+	case sch.Every != 0:
+		t, err := time.Parse(time.RFC3339Nano, next)
+		if err != nil {
+			return ts, fmt.Errorf("header %s: %w", natsScheduleNext, err)
+		}
+		return t.Add(-sch.Every), nil
+	default:
+		if next == "" {
+			return ts, fmt.Errorf("header %s missing", natsScheduleNext)
+		}
+		return ts, nil
+	}
 }
 
 // FireID is the delivery ID of the fire of (address, name, incarnation)

@@ -2,6 +2,7 @@ package reminders
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -86,8 +87,8 @@ func (s Schedule) pattern() (string, error) {
 		}
 		return "@every " + s.Every.String(), nil
 	default:
-		if strings.ContainsAny(s.Cron, "\r\n") || strings.HasPrefix(s.Cron, "@at ") || strings.HasPrefix(s.Cron, "@every ") {
-			return "", fmt.Errorf("%w: cron expression %q", ErrInvalidReminder, s.Cron)
+		if err := ValidateCron(s.Cron); err != nil {
+			return "", err
 		}
 		if s.TimeZone != "" {
 			if _, err := time.LoadLocation(s.TimeZone); err != nil {
@@ -96,6 +97,31 @@ func (s Schedule) pattern() (string, error) {
 		}
 		return s.Cron, nil
 	}
+}
+
+// cronMacros are the named schedules nats-server (2.12-2.15,
+// scheduler.go) accepts in place of six fields.
+var cronMacros = []string{"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+
+// ValidateCron checks the shape of a cron expression as nats-server 2.15
+// reads it (server/cron.go): exactly six fields, seconds first (seconds
+// minutes hours day-of-month month day-of-week), or one of @yearly,
+// @annually, @monthly, @weekly, @daily, @midnight, @hourly. The fields'
+// values are left to the server. The error matches ErrInvalidReminder.
+func ValidateCron(expr string) error {
+	if strings.ContainsAny(expr, "\r\n") {
+		return fmt.Errorf("%w: cron expression %q has a line break", ErrInvalidReminder, expr)
+	}
+	if strings.HasPrefix(expr, "@") {
+		if slices.Contains(cronMacros, expr) {
+			return nil
+		}
+		return fmt.Errorf("%w: cron expression %q: the named schedules are %s", ErrInvalidReminder, expr, strings.Join(cronMacros, ", "))
+	}
+	if n := len(strings.Fields(expr)); n != 6 {
+		return fmt.Errorf("%w: cron expression %q has %d fields; nats-server needs six fields, seconds first (seconds minutes hours day-of-month month day-of-week), e.g. \"0 */5 * * * *\"", ErrInvalidReminder, expr, n)
+	}
+	return nil
 }
 
 // parsePattern reads a stored pattern back into a Schedule.
