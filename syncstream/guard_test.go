@@ -66,7 +66,7 @@ func newHeldOwners(t testing.TB, n *mesh.Node, kind string) *heldOwners {
 func (g *heldOwners) ownerOf(t testing.TB, addr subjects.Address) *syncstream.Owner {
 	t.Helper()
 	var o *syncstream.Owner
-	natstest.Eventually(t, 5*time.Second, func() bool {
+	natstest.Eventually(t, 20*time.Second, func() bool { // a resubscribe backs off (1 s base) after its grace failures
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		o = g.owner[addr]
