@@ -91,12 +91,8 @@ func openDataDir(dir, name string, prefix subjects.Prefix, log *slog.Logger) (*d
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		holder := ""
-		if prev, ok := readHolder(dir); ok {
-			holder = fmt.Sprintf(" (pid %d, node %s)", prev.PID, prev.Name)
-		}
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s is held by another meshd%s: give each meshd its own --data-dir", ErrDataDirInUse, dir, holder)
+			return nil, inUse(dir)
 		}
 		return nil, fmt.Errorf("daemon: lock %s: %w", path, err)
 	}
@@ -250,15 +246,21 @@ func CheckDataDir(dir string) error {
 	}
 	defer f.Close()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder := ""
-		if prev, ok := readHolder(dir); ok {
-			holder = fmt.Sprintf(" (pid %d, node %s)", prev.PID, prev.Name)
-		}
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return fmt.Errorf("%w: %s is held by another meshd%s: give each meshd its own --data-dir", ErrDataDirInUse, dir, holder)
+			return inUse(dir)
 		}
 		return nil
 	}
 	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 	return nil
+}
+
+// inUse is the ErrDataDirInUse error for dir, naming its holder if it
+// recorded itself.
+func inUse(dir string) error {
+	holder := ""
+	if prev, ok := readHolder(dir); ok {
+		holder = fmt.Sprintf(" (pid %d, node %s)", prev.PID, prev.Name)
+	}
+	return fmt.Errorf("%w: %s is held by another meshd%s: give each meshd its own --data-dir", ErrDataDirInUse, dir, holder)
 }
