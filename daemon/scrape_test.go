@@ -116,6 +116,8 @@ var wantMetrics = map[string]dto.MetricType{
 	"natsmesh_ingress_share_refused_total":     dto.MetricType_COUNTER,
 	"natsmesh_ingress_slots_held":              dto.MetricType_GAUGE,
 	"natsmesh_ingress_caller_deliveries_total": dto.MetricType_COUNTER,
+	"natsmesh_reminder_fires_total":            dto.MetricType_COUNTER,
+	"natsmesh_reminder_fires_in_flight":        dto.MetricType_GAUGE,
 }
 
 // TestMetricsScrape scrapes a running node after requests through the
