@@ -519,7 +519,11 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 		d.cacheSet(addr, c.Owner)
 		return c.Owner, nil
 	}
-	n, ok := Place(addr, d.members.Hosting(addr.Kind()))
+	// Placement prefers this node's own NATS cluster (DESIGN §12): on a
+	// supercluster a new address starts next to its first sender. Senders
+	// in two clusters may pick two nodes; the claim keeps one activation
+	// and the loser's "not the owner" redirects.
+	n, ok := Place(addr, d.members.HostingNear(addr.Kind(), d.cfg.Conn.ConnectedClusterName()))
 	if !ok {
 		return subjects.NodeID{}, &verdict.Error{Reason: verdict.ReasonNoPlacement, Message: fmt.Sprintf("no live node hosts kind %q", addr.Kind())}
 	}

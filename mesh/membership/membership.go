@@ -126,6 +126,11 @@ type Member struct {
 	// advisory names.
 	ServerID string `json:"server_id,omitempty"`
 	ClientID uint64 `json:"client_id,omitempty"`
+	// Cluster is the NATS cluster of the node's connection
+	// (nats.Conn.ConnectedClusterName), refreshed with every heartbeat:
+	// on a supercluster, placement prefers the sender's cluster (DESIGN
+	// §12, HostingNear).
+	Cluster string `json:"cluster,omitempty"`
 	// Subscriber: a process that only follows sync streams (meshctl
 	// subscribe). It registers so that owners can reach its address, but
 	// it is not a mesh node: listings show it apart and membership

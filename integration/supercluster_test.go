@@ -1,0 +1,160 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/subjects"
+)
+
+// superClient joins the mesh from the test process as a sender named name
+// (hosting nothing) through url.
+func superClient(t *testing.T, url, name string) *mesh.Node {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Name(membership.ConnNamePrefix+name), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	n, err := mesh.NewNode(mesh.NodeConfig{
+		Conn: nc, Name: name, DisableIngress: true, DisableControl: true, Logger: slog.New(slog.DiscardHandler),
+		Membership: &mesh.MembershipConfig{Heartbeat: testHeartbeat, TTL: testTTL, Replicas: 3},
+	}, mesh.WithSaturationThreshold(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// superNodes starts testnodes named names on cluster c.
+func superNodes(t *testing.T, c *Cluster, names ...string) map[string]*Meshd {
+	t.Helper()
+	out := map[string]*Meshd{}
+	for _, name := range names {
+		out[name] = StartTestNode(t, "--name", name, "--nats-url", c.URL(), "--kv-replicas", "3")
+	}
+	return out
+}
+
+// TestSuperclusterDeliveries: two 3-server clusters joined by gateways
+// (JetStream, so registry and directory, in east only), two testnodes on
+// each, a sender on each side:
+//   - a new address is activated in its first sender's cluster (placement
+//     prefers the caller's cluster: every one of 20 per side);
+//   - a delivery from the other side reaches that activation on its first
+//     attempt (one directory read, one gateway round trip), and every
+//     turn runs once;
+//   - a node that joins on west, activated there, serves the east sender's
+//     first delivery on its first attempt.
+func TestSuperclusterDeliveries(t *testing.T) {
+	start := time.Now()
+	sc := StartSupercluster(t, 3)
+	sc.WaitReady(t)
+	t.Logf("supercluster ready in %v", time.Since(start))
+	east, west := sc.East(), sc.West()
+	execs := subscribeExecs(t, west.URL())   // the count kind reports each turn
+	tcE := superClient(t, east.URL(), "tce") // creates the buckets, from east
+	tcW := superClient(t, west.URL(), "tcw")
+	superNodes(t, east, "e1", "e2")
+	superNodes(t, west, "w1", "w2")
+	waitHosting(t, tcE, "count", 4)
+	waitHosting(t, tcW, "count", 4)
+	t.Logf("4 nodes joined by %v", time.Since(start))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type side struct {
+		name   string
+		n      *mesh.Node
+		prefix string // node names of its cluster start with it
+	}
+	sides := []side{{"east", tcE, "e"}, {"west", tcW, "w"}}
+	var cross []time.Duration
+	for i, first := range sides {
+		other := sides[1-i]
+		local := 0
+		const n = 20
+		for k := range n {
+			a := subjects.Address(fmt.Sprintf("count/%s-%d", first.name, k))
+			r, err := first.n.Request(ctx, mesh.Delivery{To: a, Payload: []byte("1")})
+			if err != nil {
+				t.Fatalf("first request %s from %s: %v", a, first.name, err)
+			}
+			if strings.HasPrefix(r.Node.Name, first.prefix) {
+				local++
+			}
+			sent := time.Now()
+			r2, err := other.n.Request(ctx, mesh.Delivery{To: a, Payload: []byte("2")})
+			cross = append(cross, time.Since(sent))
+			if err != nil {
+				t.Fatalf("request %s from %s: %v", a, other.name, err)
+			}
+			if r2.Node != r.Node {
+				t.Fatalf("%s: activated on %s, the %s sender reached %s", a, r.Node, other.name, r2.Node)
+			}
+			if r2.Attempts != 1 {
+				t.Errorf("%s: the %s sender took %d attempts", a, other.name, r2.Attempts)
+			}
+			if got := execs.count(string(a)); got != 2 {
+				t.Errorf("%s ran %d times, want 2", a, got)
+			}
+		}
+		t.Logf("placement from %s: %d of %d new addresses activated in its own cluster", first.name, local, n)
+		if local != n {
+			t.Errorf("placement from %s: only %d of %d new addresses in its own cluster", first.name, local, n)
+		}
+	}
+	t.Logf("first request from the other cluster (directory read + gateway round trips): p50 %v, max %v", percentile(cross, .5), percentile(cross, 1))
+
+	// A node that joins on west: activated there by the west sender, its
+	// first delivery from east needs no caller-visible retry.
+	superNodes(t, west, "w3")
+	joined := time.Now()
+	var w3 subjects.NodeID
+	natstest.Eventually(t, 10*time.Second, func() bool {
+		for _, n := range tcW.Members().Hosting("count") {
+			if n.Name == "w3" && tcE.Members().Alive(n) {
+				w3 = n
+				return true
+			}
+		}
+		return false
+	}, "both senders see w3")
+	seen := time.Since(joined)
+	var westNodes []subjects.NodeID
+	for _, n := range tcW.Members().Hosting("count") {
+		if strings.HasPrefix(n.Name, "w") {
+			westNodes = append(westNodes, n)
+		}
+	}
+	var a subjects.Address
+	for k := 0; ; k++ {
+		a = subjects.Address(fmt.Sprintf("count/w3-%d", k))
+		if n, _ := directory.Place(a, westNodes); n == w3 {
+			break
+		}
+	}
+	if r, err := tcW.Request(ctx, mesh.Delivery{To: a, Payload: []byte("w")}); err != nil || r.Node != w3 {
+		t.Fatalf("activation of %s on w3: %+v %v", a, r, err)
+	}
+	sent := time.Now()
+	r, err := tcE.Request(ctx, mesh.Delivery{To: a, Payload: []byte("e")})
+	if err != nil || r.Node != w3 || r.Attempts != 1 {
+		t.Fatalf("first request from east to %s on the new west node: %+v %v", a, r, err)
+	}
+	t.Logf("new west node seen by both senders %v after it served; first request from east answered in %v, %d attempt", seen, time.Since(sent), r.Attempts)
+}
