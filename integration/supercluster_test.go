@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh"
@@ -157,4 +159,95 @@ func TestSuperclusterDeliveries(t *testing.T) {
 		t.Fatalf("first request from east to %s on the new west node: %+v %v", a, r, err)
 	}
 	t.Logf("new west node seen by both senders %v after it served; first request from east answered in %v, %d attempt", seen, time.Since(sent), r.Attempts)
+}
+
+// TestSuperclusterGateway pins what the mesh relies on across a gateway
+// (docs/DESIGN.md "Beyond one cluster"): the disconnect advisory of a
+// client on west, SIGKILLed, reaches a watcher on east (the system
+// account's interest crosses gateways); and measures what a claim costs
+// from each side: sequential raw NATS request/reply to a
+// responder on east from another east server (one route hop) and from west
+// (one gateway hop), and a KV create (what a claim is) on an R3 memory
+// bucket placed in east, from east and from west. Logged, not asserted:
+// loopback has no distance, so the gap is the hops' processing only.
+func TestSuperclusterGateway(t *testing.T) {
+	sc := StartSupercluster(t, 3)
+	sc.WaitReady(t)
+	east, west := sc.East(), sc.West()
+	responder := connect(t, east.Server(1).URL, "responder")
+	if _, err := responder.Subscribe("bench.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := responder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	fromEast := connect(t, east.Server(0).URL, "east requester")
+	fromWest := connect(t, west.Server(0).URL, "west requester")
+	const n = 500
+	measure := func(f func(i int) error) time.Duration {
+		t.Helper()
+		var d []time.Duration
+		for i := range n {
+			s := time.Now()
+			if err := f(i); err != nil {
+				t.Fatal(err)
+			}
+			d = append(d, time.Since(s))
+		}
+		return percentile(d, .5)
+	}
+	// Interest crosses the gateway asynchronously: wait until west reaches
+	// the responder.
+	natstest.Eventually(t, 10*time.Second, func() bool {
+		_, err := fromWest.Request("bench.echo", nil, time.Second)
+		return err == nil
+	}, "the responder reachable from west")
+	rawEast := measure(func(int) error { _, err := fromEast.Request("bench.echo", []byte("x"), 5*time.Second); return err })
+	rawWest := measure(func(int) error { _, err := fromWest.Request("bench.echo", []byte("x"), 5*time.Second); return err })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	jsE, err := jetstream.New(fromEast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jsW, err := jetstream.New(fromWest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvE, err := jsE.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "claimcost", Storage: jetstream.MemoryStorage, Replicas: 3,
+		Placement: &jetstream.Placement{Cluster: "east"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvW, err := jsW.KeyValue(ctx, "claimcost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	createE := measure(func(i int) error { _, err := kvE.Create(ctx, fmt.Sprintf("e%d", i), []byte("owner")); return err })
+	createW := measure(func(i int) error { _, err := kvW.Create(ctx, fmt.Sprintf("w%d", i), []byte("owner")); return err })
+	t.Logf("request/reply p50: east→east %v, west→east %v (+%v across the gateway)", rawEast, rawWest, rawWest-rawEast)
+	t.Logf("claim (KV create, R3 memory in east) p50: from east %v, from west %v (+%v)", createE, createW, createW-createE)
+
+	// The disconnect advisory of a west client reaches an east watcher.
+	adv := make(chan *nats.Msg, 64)
+	sub, err := fromEast.ChanSubscribe(ClusterAdvisorySubject, adv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := fromEast.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitAdvisoryRoute(t, west, 2, adv)
+	victim := startHelperClient(t, west.Server(2).URL, "natsmesh victim.9")
+	killed := time.Now()
+	if err := victim.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ev, at := waitAdvisory(t, adv, "natsmesh victim.9", 10*time.Second)
+	if ev.Server.Name != west.Server(2).Name {
+		t.Fatalf("advisory from %q", ev.Server.Name)
+	}
+	t.Logf("advisory of a SIGKILLed client on %s seen on %s %v after the kill (reason %q)", ev.Server.Name, east.Server(0).Name, at.Sub(killed), ev.Reason)
 }
