@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/internal/nemesis"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/membership"
@@ -250,4 +252,138 @@ func TestSuperclusterGateway(t *testing.T) {
 		t.Fatalf("advisory from %q", ev.Server.Name)
 	}
 	t.Logf("advisory of a SIGKILLed client on %s seen on %s %v after the kill (reason %q)", ev.Server.Name, east.Server(0).Name, at.Sub(killed), ev.Reason)
+}
+
+// superSender is the recorded workload's sender (scenario_test.go's
+// senderNode) with the test nodes' detection settings, through url.
+func superSender(t *testing.T, url string, late func(mesh.LateVerdict)) *mesh.Node {
+	t.Helper()
+	log := &natstest.SyncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("sender log:\n%s", log.String())
+		}
+	})
+	var nodeRef atomic.Pointer[mesh.Node]
+	nc, err := nats.Connect(url, nats.Name(membership.ConnNamePrefix+"sender"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(membership.ClientReconnectWait), nats.PingInterval(membership.ClientPingInterval),
+		nats.MaxPingsOutstanding(membership.ClientMaxPingsOut), mesh.LameDuckHandler(&nodeRef))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	n, err := mesh.NewNode(mesh.NodeConfig{
+		Conn: nc, Name: "sender", DisableIngress: true, DisableControl: true, Logger: slog.New(slog.NewJSONHandler(log, nil)),
+		Membership: &mesh.MembershipConfig{Heartbeat: testHeartbeat, TTL: testTTL, Replicas: 3},
+	}, mesh.WithSaturationThreshold(0), mesh.WithLateVerdicts(late))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeRef.Store(n)
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// TestSuperclusterClusterLoss: the nemesis's recorded workload (lanes and
+// durable kv registers, DESIGN §11) runs from a sender on east against
+// addresses activated on west's nodes (a west sender touched each first:
+// placement near the caller put them there); then every server of west is
+// SIGKILLed under the traffic. The west nodes self-fence (their link
+// dropped; no turn starts there after the kill), east's nodes take the
+// addresses over after the TTL and the fencing delay, the workload goes on,
+// and the checkers judge the whole history: no two turns of an address
+// overlap across the clusters, every verdict is one and truthful (at most
+// once, timeouts never re-sent), lanes keep order, the registers stay
+// linearizable.
+func TestSuperclusterClusterLoss(t *testing.T) {
+	sc := StartSupercluster(t, 3)
+	sc.WaitReady(t)
+	east, west := sc.East(), sc.West()
+	now := time.Now().UnixNano()
+	n := &nemesisRun{t: t, c: east, rec: nemesis.NewRecorder(1, now), start: now}
+	n.sender = superSender(t, east.URL(), func(v mesh.LateVerdict) {
+		n.rec.AddLate(nemesis.Late{ID: v.ID, At: time.Now().UnixNano(), Outcome: nemesis.OutcomeOf(v.Err)})
+	})
+	tcW := superClient(t, west.URL(), "tcw")
+	for _, sp := range []struct {
+		name string
+		c    *Cluster
+	}{{"e1", east}, {"e2", east}, {"w1", west}, {"w2", west}} {
+		p := StartTestNode(t, "--name", sp.name, "--nats-url", sp.c.URL(), "--kv-replicas", "3")
+		n.nodes = append(n.nodes, &nemesisNode{name: sp.name, proc: p, procs: []*Meshd{p}})
+	}
+	waitHosting(t, n.sender, "nlane", 4)
+	waitHosting(t, tcW, "nlane", 4)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, nd := range n.nodes {
+				lines := strings.Split(strings.TrimSpace(nd.proc.Stderr()), "\n")
+				t.Logf("%s last log lines:\n%s", nd.name, strings.Join(lines[max(0, len(lines)-20):], "\n"))
+			}
+		}
+	})
+
+	// The west sender activates every workload address on west (recorded
+	// as operations of their own clients).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pw := &workload{rec: n.rec, sender: tcW, quit: make(chan struct{})}
+	var addrs []string
+	for a := range nemesisLaneAddrs {
+		addrs = append(addrs, fmt.Sprintf("nlane/a%d", a))
+	}
+	for a := range nemesisKVAddrs {
+		addrs = append(addrs, fmt.Sprintf("nkv/k%d", a))
+	}
+	for i, addr := range addrs {
+		id := "prime-" + addr
+		op := nemesis.Op{ID: id, Kind: nemesis.Request, Client: 100 + i, Address: addr, Stream: "prime", Seq: 1}
+		typ := ""
+		if strings.HasPrefix(addr, "nkv/") {
+			op.Kind, typ = nemesis.KVGet, "get"
+		}
+		k := pw.invoke(op)
+		resp, err := tcW.Request(ctx, mesh.Delivery{ID: id, To: subjects.Address(addr), Stream: "prime", Type: typ})
+		out := resp.Payload
+		if out == nil {
+			out = []byte{}
+		}
+		pw.complete(k, resp.Receipt, err, out)
+		if err != nil || !strings.HasPrefix(resp.Node.Name, "w") {
+			t.Fatalf("priming %s from west: %+v %v", addr, resp.Receipt, err)
+		}
+	}
+
+	w := n.startWorkload(1)
+	w.progress(t, 200)
+	killed := time.Now()
+	west.KillAll()
+	t.Logf("every west server killed in %v", time.Since(killed))
+	// Every address serves again on east.
+	var back time.Duration
+	natstest.Eventually(t, 30*time.Second, func() bool {
+		served := map[string]bool{}
+		for _, tr := range n.turns() {
+			if strings.HasPrefix(tr.Node, "e") && tr.Start > killed.UnixNano() {
+				served[tr.Address] = true
+			}
+		}
+		back = time.Since(killed)
+		return len(served) == len(addrs)
+	}, "every address served on east after the kill")
+	t.Logf("every address served on east %v after west's servers were killed (TTL %v)", back, testTTL)
+	w.progress(t, 200)
+	w.stop()
+	n.waitTurnsSettled()
+	turns := n.turns()
+	for _, tr := range turns {
+		if strings.HasPrefix(tr.Node, "w") && tr.Start > killed.Add(100*time.Millisecond).UnixNano() {
+			t.Errorf("a turn started on %s.%d %v after its cluster died: %+v", tr.Node, tr.Generation, time.Duration(tr.Start-killed.UnixNano()), tr)
+		}
+	}
+	h := n.rec.Finish(time.Now().UnixNano(), turns)
+	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
 }
