@@ -124,6 +124,39 @@ func TestSuperclusterDeliveries(t *testing.T) {
 	}
 	t.Logf("first request from the other cluster (directory read + gateway round trips): p50 %v, max %v", percentile(cross, .5), percentile(cross, 1))
 
+	// Sequential Deliver across the gateway against raw request/reply over
+	// the same gateway (issue 25 item 4): an echo address activated on
+	// west, delivered to from east; a plain responder on west.
+	warm := subjects.Address("echo/warm")
+	if r, err := tcW.Deliver(ctx, mesh.Delivery{To: warm}); err != nil || !strings.HasPrefix(r.Node.Name, "w") {
+		t.Fatalf("activation of %s on west: %+v %v", warm, r, err)
+	}
+	responder := connect(t, west.Server(0).URL, "responder")
+	if _, err := responder.Subscribe("bench.echo", func(m *nats.Msg) { _ = m.Respond(nil) }); err != nil {
+		t.Fatal(err)
+	}
+	requester := connect(t, east.Server(0).URL, "requester")
+	natstest.Eventually(t, 10*time.Second, func() bool {
+		_, err := requester.Request("bench.echo", nil, time.Second)
+		return err == nil
+	}, "the west responder reachable from east")
+	const seq = 300
+	var dl, raw []time.Duration
+	for range seq {
+		s := time.Now()
+		if _, err := tcE.Deliver(ctx, mesh.Delivery{To: warm, Payload: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		dl = append(dl, time.Since(s))
+		s = time.Now()
+		if _, err := requester.Request("bench.echo", []byte("x"), 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		raw = append(raw, time.Since(s))
+	}
+	t.Logf("east→west sequential, p50 of %d: Deliver %v, raw request/reply %v (ratio %.2f)", seq, percentile(dl, .5), percentile(raw, .5),
+		float64(percentile(dl, .5))/float64(percentile(raw, .5)))
+
 	// A node that joins on west: activated there by the west sender, its
 	// first delivery from east needs no caller-visible retry.
 	superNodes(t, west, "w3")
