@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -12,9 +13,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/profiles"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -92,17 +97,58 @@ func TestRunWithAuth(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a registry write by the client profile was not refused")
 		}
-		// A reflected reply subject is refused, and the security counters
-		// are exported.
-		refl := &nats.Msg{Subject: subjects.DefaultPrefix.Ingress("echo/x", ""), Reply: "$KV.natsmesh_mesh_v1_nodes.authed", Header: nats.Header{}}
+		// A reply subject aimed at the registry never reaches the mesh
+		// account: the caller account's request crosses the service
+		// import, whose reply the server makes (_R_.…), so the node
+		// answers there and its answer goes back into CALLERS, which has
+		// no JetStream; nothing is refused because nothing needs to be.
+		refl := &nats.Msg{Subject: subjects.DefaultPrefix.Ingress("echo/x", ""), Reply: "$KV.natsmesh_mesh_v1_nodes.authed", Header: nats.Header{}, Data: []byte("{}")}
 		refl.Header.Set(hub.HeaderID, "auth-reflect")
+		refl.Header.Set(hub.HeaderExpectResponse, "true")
 		if err := cl.PublishMsg(refl); err != nil {
 			t.Fatal(err)
 		}
+		nopt, err := nats.NkeyOptionFromSeed(keys.NodeSeed())
+		if err != nil {
+			t.Fatal(err)
+		}
+		nd := natstest.ConnectURL(t, url, nopt, nats.CustomInboxPrefix(profiles.NodeInboxPrefix(subjects.DefaultPrefix)))
+		js, err := jetstream.New(nd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, kcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer kcancel()
+		reg, err := js.KeyValue(kctx, membership.BucketName(subjects.DefaultPrefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The same ID again, answered to the caller's inbox: once it is
+		// answered the node has taken both (the first is deduped against
+		// this one or this against the first), and the first's answer
+		// has gone out.
+		again := &nats.Msg{Subject: refl.Subject, Header: refl.Header, Data: refl.Data}
+		if _, err := cl.RequestMsg(again, 10*time.Second); err != nil {
+			t.Fatalf("the same ID again: %v", err)
+		}
+		natstest.Eventually(t, 10*time.Second, func() bool {
+			r, err := nd.Request(subjects.DefaultPrefix.Control("authed", mesh.ControlPing), nil, 5*time.Second)
+			var st mesh.NodeStatus
+			return err == nil && json.Unmarshal(r.Data, &st) == nil && st.Ingress >= 3
+		}, "the node did not take the three ingress requests")
+		e, err := reg.Get(kctx, "authed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mb membership.Member
+		if err := json.Unmarshal(e.Value(), &mb); err != nil || mb.Node.Name != "authed" {
+			t.Fatalf("the node's registry entry was overwritten through the ingress: %s", e.Value())
+		}
+		// The security counters are exported.
 		natstest.Eventually(t, 10*time.Second, func() bool {
 			_, b := scrape(t, info.HTTPAddr, "")
 			body := string(b)
-			return strings.Contains(body, "natsmesh_ingress_refused_total 1") &&
+			return strings.Contains(body, "natsmesh_ingress_refused_total 0") &&
 				strings.Contains(body, "natsmesh_forged_answers_total 0") &&
 				strings.Contains(body, `natsmesh_kv_invalid_entries_total{bucket="registry"} 0`) &&
 				strings.Contains(body, `natsmesh_kv_own_entry_overwritten_total{bucket="directory"} 0`)

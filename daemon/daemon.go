@@ -137,8 +137,10 @@ type Config struct {
 	// registry, with an error matching membership.ErrNameInUse.
 	Replace bool
 	// AdvisorySubject overrides where disconnect advisories are read;
-	// zero means the default for the embedded server or
-	// membership.DefaultAdvisorySubject.
+	// zero means the embedded server's (AdvisorySubjectEmbedded), or on an
+	// external server the advisory of the account the node's user is in
+	// (membership.AccountAdvisorySubject), or membership.DefaultAdvisorySubject when
+	// the server does not say.
 	AdvisorySubject string
 
 	// CallerIdentity says where the ingress takes an outside caller's
@@ -146,6 +148,13 @@ type Config struct {
 	// mesh.CallerFromInbox (one account), mesh.CallerFromRequestInfo for
 	// tenants in their own accounts that import the ingress.
 	CallerIdentity mesh.CallerIdentity
+	// IngressCallerRate, IngressCallerBurst and ClientInboxes are
+	// mesh.NodeConfig's: a per-caller rate limit on the ingress (zero: no
+	// limit) and the client users' inbox prefixes for the single-account
+	// reply rules (SECURITY.md).
+	IngressCallerRate  float64
+	IngressCallerBurst int
+	ClientInboxes      []string
 	// DisableIngress: this node does not serve <prefix>.in.*.* (others
 	// do). On by default.
 	DisableIngress bool
@@ -397,6 +406,17 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := checkJetStream(ctx, nc); err != nil {
 			return err
 		}
+		if cfg.AdvisorySubject == "" {
+			// The advisory of the account this node is in, which the
+			// node profile allows (not the wildcard it refuses).
+			adv, err := membership.AccountAdvisorySubject(ctx, nc)
+			if err != nil {
+				adv = membership.DefaultAdvisorySubject
+				log.Warn("disconnect advisories: the server did not say which account this node is in; listening on the wildcard (refused by the node profile: departures are then detected by the registry TTL only)", "subject", adv, "err", err)
+			}
+			cfg.AdvisorySubject = adv
+			log.Info("disconnect advisories", "subject", adv)
+		}
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -412,6 +432,8 @@ func Run(ctx context.Context, cfg Config) error {
 		OnMembershipEvent: met.observe,
 		DisableIngress:    cfg.DisableIngress,
 		CallerIdentity:    cfg.CallerIdentity,
+		IngressCallerRate: cfg.IngressCallerRate, IngressCallerBurst: cfg.IngressCallerBurst,
+		ClientInboxes: cfg.ClientInboxes,
 		OnFatal: func(err error) {
 			log.Error("node cannot go on", "err", err)
 			fatal.Store(&err)

@@ -20,6 +20,11 @@ const (
 	EmbeddedAccount = "MESH"
 	// EmbeddedSystemAccount is the embedded server's system account.
 	EmbeddedSystemAccount = "SYS"
+	// EmbeddedCallerAccount is, with auth on, the caller account of the
+	// embedded server (profiles.MultiAccountConf): it holds the client
+	// user and imports the ingress from EmbeddedAccount sharing requestor
+	// info.
+	EmbeddedCallerAccount = "CALLERS"
 	// AdvisorySubjectEmbedded is the client-disconnect advisory of
 	// EmbeddedAccount as a mesh node subscribes to it on its own
 	// connection: the import keeps the subject of the system account's
@@ -99,19 +104,23 @@ func EmbeddedOptions(listen, dataDir, serverName string) (*server.Options, error
 	return embeddedOptions(listen, dataDir, serverName, embeddedAccountsConf)
 }
 
-// EmbeddedAuthOptions is [EmbeddedOptions] with auth (meshd --auth): the
-// account MESH holds three nkey users, keys.Node, keys.Client and
-// keys.Operator, with the node, client and operator permission profiles of
-// package profiles for prefix; there is no no_auth_user, so a client
-// without one of the keys is refused. The text is profiles.AccountsConf, as
-// docs/operations.md gives it for an external cluster.
+// EmbeddedAuthOptions is [EmbeddedOptions] with auth (meshd --auth), in
+// the production (multi-account) mode of profiles.MultiAccountConf, as
+// docs/operations.md gives it for an external cluster: the account MESH
+// holds two nkey users, keys.Node and keys.Operator, with the node and
+// operator permission profiles of package profiles for prefix; the caller
+// account CALLERS (EmbeddedCallerAccount) holds keys.Client with the
+// client profile and imports the ingress, so the nodes learn each
+// caller's account and user from Nats-Request-Info. There is no
+// no_auth_user, so a client without one of the keys is refused.
 func EmbeddedAuthOptions(listen, dataDir, serverName string, prefix subjects.Prefix, keys AuthKeys) (*server.Options, error) {
 	m := profiles.Mesh{Prefix: prefix, Account: EmbeddedAccount, SystemAccount: EmbeddedSystemAccount}
-	acc, err := profiles.AccountsConf(m, []profiles.User{
+	acc, err := profiles.MultiAccountConf(m, []profiles.User{
 		{NKey: keys.Node, Profile: profiles.Node(m)},
-		{NKey: keys.Client, Profile: profiles.Client(m)},
 		{NKey: keys.Operator, Profile: profiles.Operator(m)},
-	})
+	}, []profiles.Tenant{{Account: EmbeddedCallerAccount, Users: []profiles.User{
+		{NKey: keys.Client, Profile: profiles.Client(m)},
+	}}})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

@@ -71,6 +71,8 @@ type collector struct {
 	ingress, breaker                                                            *prometheus.Desc
 	forged, invalidEntries, overwritten, badReplies                             *prometheus.Desc
 	sentAccepted, unmatched, lateReceived                                       *prometheus.Desc
+	inboxRefused, shareRefused, placementRefused, rateLimited                   *prometheus.Desc
+	ingressHeld, ingressCallers, placementHeld, callerDeliveries                *prometheus.Desc
 }
 
 func newCollector(n *mesh.Node, nc *nats.Conn) *collector {
@@ -78,44 +80,52 @@ func newCollector(n *mesh.Node, nc *nats.Conn) *collector {
 		return prometheus.NewDesc("natsmesh_"+name, help, labels, nil)
 	}
 	return &collector{
-		node:           n,
-		nc:             nc,
-		build:          buildinfo.Read(),
-		latency:        d("delivery_duration_seconds", "Time from a Deliver, DeliverAsync or Request call to its final outcome, by that outcome (as natsmesh_deliveries_total; a request ends with its response).", "verdict"),
-		turns:          d("hub_turn_duration_seconds", "Duration of handler turns on this node's hubs (one delivery each)."),
-		refusals:       d("hub_refusals_total", "Deliveries refused before acceptance, by verdict reason.", "reason"),
-		lateAnswers:    d("hub_late_answers_total", "Late verdicts sent after acceptance, by verdict reason.", "reason"),
-		selfEvents:     d("node_events_total", "This node's own membership events: fenced (its generation declared gone), rejoined (under a fresh generation), superseded (a newer generation of its name took over).", "event"),
-		buildInfo:      d("build_info", "Constant 1, labelled with the build: natsmesh version and revision, Go, nats.go and nats-server versions.", "version", "revision", "goversion", "nats_go", "nats_server"),
-		nodeInfo:       d("node_info", "Constant 1, labelled with this node's identity: name, current generation, subject prefix and hosted kinds.", "name", "generation", "node", "prefix", "kinds"),
-		reconnects:     d("nats_reconnects_total", "Reconnections of this node's NATS connection."),
-		natsConnected:  d("nats_connected", "1 while this node's NATS connection is connected, else 0."),
-		natsServer:     d("nats_server_info", "Constant 1, labelled with the NATS server this node is connected to (absent while disconnected).", "url", "server_id", "server_name"),
-		deliveries:     d("deliveries_total", "Deliveries and requests sent by this node, each once by its final outcome: a request by its response (Accepted) or failure; verdict=Timeout for a timeout (the callee may hold it), apart from Failed.", "verdict"),
-		sentAccepted:   d("deliveries_accepted_total", "Deliveries and requests sent by this node that a hub accepted (acceptance, not the final outcome)."),
-		unmatched:      d("unmatched_answers_total", "Responses and late verdicts of requests that matched no pending call (it had ended already): counted and dropped."),
-		lateReceived:   d("late_verdicts_received_total", "Late verdicts that replaced the Accepted of a delivery this node sent."),
-		retries:        d("retries_total", "Re-sends after a resendable failure."),
-		legs:           d("legs_in_flight", "Legs (requests) sent and not yet answered."),
-		peakLegs:       d("legs_in_flight_peak", "The most legs in flight at once since start."),
-		lanes:          d("lanes", "Sender lanes holding work."),
-		destinations:   d("lane_destinations", "Distinct addresses among the lanes."),
-		deepest:        d("deepest_lane_depth", "Deliveries in the deepest lane."),
-		episodes:       d("saturation_episodes_total", "Saturation episodes opened."),
-		accepted:       d("hub_accepted_total", "Deliveries accepted by this node's hubs."),
-		dedupe:         d("hub_dedupe_hits_total", "Deliveries answered Accepted again from the dedupe window."),
-		refused:        d("hub_refused_total", "Deliveries refused before acceptance."),
-		handled:        d("hub_handled_total", "Deliveries whose handler returned."),
-		late:           d("hub_late_verdicts_total", "Late verdicts sent after acceptance."),
-		activations:    d("activations", "Live activations on this node."),
-		queued:         d("hub_queued", "Accepted deliveries not yet handled."),
-		deactivated:    d("deactivations_total", "Activations collected or closed."),
-		ingress:        d("ingress_total", "Messages taken from the ingress."),
-		breaker:        d("hub_breaker_refusals_total", "Deliveries refused Ignored by the storm breaker."),
-		invalidEntries: d("kv_invalid_entries_total", "Registry and directory entries ignored because they did not parse or held an invalid generation (this session).", "bucket"),
-		overwritten:    d("kv_own_entry_overwritten_total", "Times this node found its own registry entry or claims overwritten by another writer (this session; SECURITY.md).", "bucket"),
-		badReplies:     d("ingress_refused_total", "Ingress and control requests dropped unanswered for a reply subject under $ or the prefix (SECURITY.md)."),
-		forged:         d("forged_answers_total", "Late verdicts and responses dropped: not from the node generation that accepted the delivery (SECURITY.md)."),
+		node:             n,
+		nc:               nc,
+		build:            buildinfo.Read(),
+		latency:          d("delivery_duration_seconds", "Time from a Deliver, DeliverAsync or Request call to its final outcome, by that outcome (as natsmesh_deliveries_total; a request ends with its response).", "verdict"),
+		turns:            d("hub_turn_duration_seconds", "Duration of handler turns on this node's hubs (one delivery each)."),
+		refusals:         d("hub_refusals_total", "Deliveries refused before acceptance, by verdict reason.", "reason"),
+		lateAnswers:      d("hub_late_answers_total", "Late verdicts sent after acceptance, by verdict reason.", "reason"),
+		selfEvents:       d("node_events_total", "This node's own membership events: fenced (its generation declared gone), rejoined (under a fresh generation), superseded (a newer generation of its name took over).", "event"),
+		buildInfo:        d("build_info", "Constant 1, labelled with the build: natsmesh version and revision, Go, nats.go and nats-server versions.", "version", "revision", "goversion", "nats_go", "nats_server"),
+		nodeInfo:         d("node_info", "Constant 1, labelled with this node's identity: name, current generation, subject prefix and hosted kinds.", "name", "generation", "node", "prefix", "kinds"),
+		reconnects:       d("nats_reconnects_total", "Reconnections of this node's NATS connection."),
+		natsConnected:    d("nats_connected", "1 while this node's NATS connection is connected, else 0."),
+		natsServer:       d("nats_server_info", "Constant 1, labelled with the NATS server this node is connected to (absent while disconnected).", "url", "server_id", "server_name"),
+		deliveries:       d("deliveries_total", "Deliveries and requests sent by this node, each once by its final outcome: a request by its response (Accepted) or failure; verdict=Timeout for a timeout (the callee may hold it), apart from Failed.", "verdict"),
+		sentAccepted:     d("deliveries_accepted_total", "Deliveries and requests sent by this node that a hub accepted (acceptance, not the final outcome)."),
+		unmatched:        d("unmatched_answers_total", "Responses and late verdicts of requests that matched no pending call (it had ended already): counted and dropped."),
+		lateReceived:     d("late_verdicts_received_total", "Late verdicts that replaced the Accepted of a delivery this node sent."),
+		retries:          d("retries_total", "Re-sends after a resendable failure."),
+		legs:             d("legs_in_flight", "Legs (requests) sent and not yet answered."),
+		peakLegs:         d("legs_in_flight_peak", "The most legs in flight at once since start."),
+		lanes:            d("lanes", "Sender lanes holding work."),
+		destinations:     d("lane_destinations", "Distinct addresses among the lanes."),
+		deepest:          d("deepest_lane_depth", "Deliveries in the deepest lane."),
+		episodes:         d("saturation_episodes_total", "Saturation episodes opened."),
+		accepted:         d("hub_accepted_total", "Deliveries accepted by this node's hubs."),
+		dedupe:           d("hub_dedupe_hits_total", "Deliveries answered Accepted again from the dedupe window."),
+		refused:          d("hub_refused_total", "Deliveries refused before acceptance."),
+		handled:          d("hub_handled_total", "Deliveries whose handler returned."),
+		late:             d("hub_late_verdicts_total", "Late verdicts sent after acceptance."),
+		activations:      d("activations", "Live activations on this node."),
+		queued:           d("hub_queued", "Accepted deliveries not yet handled."),
+		deactivated:      d("deactivations_total", "Activations collected or closed."),
+		ingress:          d("ingress_total", "Messages taken from the ingress."),
+		breaker:          d("hub_breaker_refusals_total", "Deliveries refused Ignored by the storm breaker."),
+		invalidEntries:   d("kv_invalid_entries_total", "Registry and directory entries ignored because they did not parse or held an invalid generation (this session).", "bucket"),
+		overwritten:      d("kv_own_entry_overwritten_total", "Times this node found its own registry entry or claims overwritten by another writer (this session; SECURITY.md).", "bucket"),
+		badReplies:       d("ingress_refused_total", "Ingress and control requests dropped unanswered for a reply subject under $ or the prefix (SECURITY.md)."),
+		inboxRefused:     d("ingress_inbox_refused_total", "Ingress requests dropped unanswered for a reply under the nodes' inbox or another client user's (SECURITY.md, reply rules)."),
+		shareRefused:     d("ingress_share_refused_total", "Ingress deliveries answered Ignored because the ingress slots or the caller's fair share of them were full."),
+		placementRefused: d("ingress_placement_refused_total", "Ingress deliveries failed no-placement at once: their caller had no placement wait left."),
+		rateLimited:      d("ingress_rate_limited_total", "Ingress deliveries answered Ignored for being over their caller's rate (--ingress-caller-rate)."),
+		ingressHeld:      d("ingress_slots_held", "Ingress slots held now (deliveries being forwarded)."),
+		ingressCallers:   d("ingress_callers", "Callers holding ingress slots now."),
+		placementHeld:    d("ingress_placement_waits_held", "Ingress deliveries waiting now for a node hosting their kind."),
+		callerDeliveries: d("ingress_caller_deliveries_total", "Ingress deliveries of the busiest callers (at most 16 named, the rest summed as caller=\"other\"), by outcome: taken (given a slot), share_full, rate_limited.", "caller", "outcome"),
+		forged:           d("forged_answers_total", "Late verdicts and responses dropped: not from the node generation that accepted the delivery (SECURITY.md)."),
 	}
 }
 
@@ -159,6 +169,21 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.breaker, s.Host.BreakerRefusals)
 	counter(c.forged, s.Client.ForgedAnswers)
 	counter(c.badReplies, s.IngressRefused)
+	counter(c.inboxRefused, s.IngressInboxRefused)
+	{
+		sh := s.IngressShares
+		counter(c.shareRefused, sh.ShareRefused)
+		counter(c.placementRefused, sh.PlacementRefused)
+		counter(c.rateLimited, sh.RateLimited)
+		gauge(c.ingressHeld, sh.Held)
+		gauge(c.ingressCallers, sh.Callers)
+		gauge(c.placementHeld, sh.PlacementHeld)
+		for _, b := range sh.Busiest {
+			counter(c.callerDeliveries, b.Taken, b.Caller, "taken")
+			counter(c.callerDeliveries, b.ShareFull, b.Caller, "share_full")
+			counter(c.callerDeliveries, b.RateLimited, b.Caller, "rate_limited")
+		}
+	}
 	lat := c.node.Client.Latencies()
 	for _, k := range keys(lat) {
 		histogram(ch, c.latency, lat[k], k)

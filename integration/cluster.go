@@ -51,13 +51,22 @@ type ClusterServer struct {
 // Call WaitReady before using JetStream.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return StartClusterWithAccounts(t, n, ClusterAccountsConf)
+}
+
+// StartClusterWithAccounts is StartCluster with accounts as the servers'
+// accounts section instead of ClusterAccountsConf (e.g. the production
+// section of docs/operations.md; the servers read any $VARIABLE in it from
+// the environment of the test process).
+func StartClusterWithAccounts(t testing.TB, n int, accounts string) *Cluster {
+	t.Helper()
 	if n < 1 {
 		t.Fatalf("StartCluster: n = %d", n)
 	}
 	// Free ports are picked, released, then bound by the servers: another
 	// process may take one in between. Start afresh with new ports then.
 	for attempt := 1; ; attempt++ {
-		c, err := startCluster(t, n)
+		c, err := startCluster(t, n, accounts)
 		if err == nil {
 			return c
 		}
@@ -77,8 +86,8 @@ func (c *Cluster) stopAll() {
 	}
 }
 
-func startCluster(t testing.TB, n int) (*Cluster, error) {
-	cs, err := startClusters(t, []clusterSpec{{name: "mesh", n: n, jetstream: true}})
+func startCluster(t testing.TB, n int, accounts string) (*Cluster, error) {
+	cs, err := startClusters(t, []clusterSpec{{name: "mesh", n: n, jetstream: true}}, accounts)
 	return cs[0], err
 }
 
@@ -91,8 +100,9 @@ type clusterSpec struct {
 
 // startClusters writes the configs of every server of specs (joined by
 // gateways when there are several clusters) and starts them all. On error
-// the clusters made so far are returned, for stopAll.
-func startClusters(t testing.TB, specs []clusterSpec) ([]*Cluster, error) {
+// the clusters made so far are returned, for stopAll. accounts is the
+// account part of every config.
+func startClusters(t testing.TB, specs []clusterSpec, accounts string) ([]*Cluster, error) {
 	bin := Build(t).NATSServer
 	dir := t.TempDir()
 	var cs []*Cluster
@@ -165,7 +175,7 @@ cluster {
   ]
 }
 %s
-%s`, s.Name, s.ClientPort, s.MonitorPort, js, c.Name, s.ClusterPort, strings.Join(routes, "\n"), gateway, ClusterAccountsConf)
+%s`, s.Name, s.ClientPort, s.MonitorPort, js, c.Name, s.ClusterPort, strings.Join(routes, "\n"), gateway, accounts)
 			if err := os.WriteFile(s.ConfigFile, []byte(conf), 0o644); err != nil {
 				t.Fatal(err)
 			}

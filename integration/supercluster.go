@@ -24,7 +24,7 @@ type Supercluster struct {
 func StartSupercluster(t testing.TB, n int) *Supercluster {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
-		cs, err := startClusters(t, []clusterSpec{{name: "east", n: n, jetstream: true}, {name: "west", n: n}})
+		cs, err := startClusters(t, []clusterSpec{{name: "east", n: n, jetstream: true}, {name: "west", n: n}}, ClusterAccountsConf)
 		if err == nil {
 			return &Supercluster{Clusters: cs}
 		}

@@ -473,6 +473,7 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 	var node subjects.NodeID
 	sent := false // a leg of this delivery left: waiting again is not "waiting for its lane" only
 	redirected := false
+	unstaged := false // an event ended a staged wait: the attempts wait for their turn unstaged
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 || sent {
 			if n, ok := c.answered(f); ok {
@@ -493,7 +494,7 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 		// its turn and resolves then, one directory read per lane.
 		var node0 subjects.NodeID
 		staged := false
-		if cr, ok := c.cfg.Resolver.(cachedResolver); ok && c.moving.Load() == nil {
+		if cr, ok := c.cfg.Resolver.(cachedResolver); ok && c.moving.Load() == nil && !unstaged {
 			node0, staged = cr.Cached(d.To)
 		}
 		var err error
@@ -513,6 +514,13 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			var lw *errLaneWait
 			if errors.As(err, &lw) {
 				return c.laneWaitFailed(d, lw.err, sent, attempt, last)
+			}
+			if err == errStagedEvent {
+				// Not an attempt: nothing was sent. It waits for its turn
+				// unstaged from now on.
+				unstaged = true
+				attempt--
+				continue
 			}
 			sent = sent || published
 			if c.opts.tracer != nil {

@@ -3,15 +3,15 @@ package mesh
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
-
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/hubstate"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -32,7 +32,81 @@ const (
 	ControlStats = "stats" // NodeStatus
 	ControlHubs  = "hubs"  // HubsReport
 	ControlDrain = "drain" // DrainReply, then the node drains
+	// ControlState reads a hub's durable state for an operator: the
+	// request is a StateQuery, the answer a StateReply. The node reads the
+	// state bucket with its own permissions and answers only on a reply
+	// subject it would answer any control request on, so an operator reads
+	// state without any JetStream permission of its own (no JetStream
+	// answer can be aimed into the mesh's buckets: SECURITY.md).
+	ControlState = "state"
 )
+
+// StateQuery is the request of the state control endpoint.
+type StateQuery struct {
+	Address string `json:"address"`
+}
+
+// StateReply is a node's answer to a StateQuery. Found is false when the
+// address has no stored state (Error empty); Error says why the read
+// failed otherwise (an invalid address, a corrupt record, no state store,
+// the bucket unreachable).
+type StateReply struct {
+	Node     string    `json:"node"`
+	Address  string    `json:"address"`
+	Found    bool      `json:"found"`
+	Owner    string    `json:"owner,omitempty"`
+	Epoch    uint64    `json:"epoch,omitempty"`
+	Revision uint64    `json:"revision,omitempty"`
+	Updated  time.Time `json:"updated,omitzero"`
+	Data     []byte    `json:"data,omitempty"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// stateGetter is what the state endpoint needs of a state store
+// (*hubstate.Store has it).
+type stateGetter interface {
+	Get(ctx context.Context, addr subjects.Address) (hub.StateRecord, error)
+}
+
+// readState answers a StateQuery from the node's state store, within
+// DefaultStateReadTimeout.
+func (n *Node) readState(body []byte) StateReply {
+	r := StateReply{Node: n.ID().String()}
+	var q StateQuery
+	if err := json.Unmarshal(body, &q); err != nil {
+		r.Error = "bad state query: " + err.Error()
+		return r
+	}
+	r.Address = q.Address
+	addr := subjects.Address(q.Address)
+	if err := addr.Validate(); err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	g, ok := n.StateStore().(stateGetter)
+	if !ok || g == nil {
+		r.Error = "this node has no durable state store"
+		return r
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultStateReadTimeout)
+	defer cancel()
+	rec, err := g.Get(ctx, addr)
+	switch {
+	case errors.Is(err, hubstate.ErrNotFound):
+		return r
+	case err != nil:
+		r.Error = err.Error()
+		return r
+	}
+	r.Found, r.Epoch, r.Revision, r.Updated, r.Data = true, rec.Epoch, rec.Revision, rec.Updated, rec.Data
+	if !rec.Owner.IsZero() {
+		r.Owner = rec.Owner.String()
+	}
+	return r
+}
+
+// DefaultStateReadTimeout bounds a read of the state endpoint.
+const DefaultStateReadTimeout = 5 * time.Second
 
 // ControlSubject returns <prefix>.ctl.<name>.<verb>.
 func (n *Node) ControlSubject(verb string) string {
@@ -170,64 +244,42 @@ func (n *Node) Hubs() HubsReport {
 }
 
 // serveControl registers the node as a NATS micro service with its control
-// endpoints; its metadata names the current session's generation.
+// endpoints (controlService: every answer, discovery included, only on a
+// safe reply subject); its metadata names the current session's
+// generation.
 func (n *Node) serveControl() error {
 	n.svcMu.Lock()
 	defer n.svcMu.Unlock()
 	if n.svcStopped {
 		return nil
 	}
-	svc, err := micro.AddService(n.conn, micro.Config{
-		Name:        ServiceName,
-		Version:     Version,
-		Description: "natsmesh node " + n.ID().String(),
-		Metadata: map[string]string{
-			MetaNode:     n.ID().String(),
-			MetaPrefix:   string(n.prefix),
-			"name":       n.cfg.Name,
-			"generation": strconv.FormatUint(n.ID().Generation, 10),
-		},
+	svc, err := newControlService(n.conn, n.safeReply, Version, "natsmesh node "+n.ID().String(), map[string]string{
+		MetaNode:     n.ID().String(),
+		MetaPrefix:   string(n.prefix),
+		"name":       n.cfg.Name,
+		"generation": strconv.FormatUint(n.ID().Generation, 10),
 	})
 	if err != nil {
 		return err
 	}
-	n.svc = svc
-	add := func(verb string, h func(micro.Request)) error {
-		guarded := func(r micro.Request) {
-			if r.Reply() != "" && !n.safeReply(r.Reply()) {
-				return
-			}
-			h(r)
-		}
-		return svc.AddEndpoint(verb, micro.HandlerFunc(guarded), micro.WithEndpointSubject(n.ControlSubject(verb)), micro.WithEndpointQueueGroupDisabled())
-	}
-	respond := func(req micro.Request, v any) {
-		b, err := json.Marshal(v)
-		if err != nil {
-			_ = req.Error("500", err.Error(), nil)
-			return
-		}
-		_ = req.Respond(b)
-	}
 	for _, e := range []struct {
 		verb string
-		h    func(micro.Request)
+		h    func([]byte) (any, error)
+		then func()
 	}{
-		{ControlPing, func(r micro.Request) { respond(r, n.Status()) }},
-		{ControlStats, func(r micro.Request) { respond(r, n.Status()) }},
-		{ControlHubs, func(r micro.Request) { respond(r, n.Hubs()) }},
-		{ControlReminders, n.serveReminders},
-		{ControlDrain, func(r micro.Request) {
-			respond(r, DrainReply{Node: n.ID().String(), Draining: true})
-			go n.onDrain()
-		}},
+		{ControlPing, func([]byte) (any, error) { return n.Status(), nil }, nil},
+		{ControlStats, func([]byte) (any, error) { return n.Status(), nil }, nil},
+		{ControlHubs, func([]byte) (any, error) { return n.Hubs(), nil }, nil},
+		{ControlState, func(b []byte) (any, error) { return n.readState(b), nil }, nil},
+		{ControlReminders, n.serveReminders, nil},
+		{ControlDrain, func([]byte) (any, error) { return DrainReply{Node: n.ID().String(), Draining: true}, nil }, func() { go n.onDrain() }},
 	} {
-		if err := add(e.verb, e.h); err != nil {
-			_ = svc.Stop()
-			n.svc = nil
+		if err := svc.addEndpoint(e.verb, n.ControlSubject(e.verb), e.h, e.then); err != nil {
+			svc.stop()
 			return err
 		}
 	}
+	n.svc = svc
 	return nil
 }
 
@@ -243,7 +295,7 @@ func (n *Node) restartControl() {
 	stopped := n.svcStopped
 	n.svcMu.Unlock()
 	if old != nil {
-		_ = old.Stop()
+		old.stop()
 	}
 	if stopped {
 		return

@@ -36,7 +36,7 @@ func TestControlService(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &info); err != nil {
 		t.Fatal(err)
 	}
-	if info.Name != ServiceName || info.Metadata[MetaNode] != n.ID().String() || info.Metadata[MetaPrefix] != "mesh.v1" || len(info.Endpoints) != 5 {
+	if info.Name != ServiceName || info.Metadata[MetaNode] != n.ID().String() || info.Metadata[MetaPrefix] != "mesh.v1" || len(info.Endpoints) != 6 {
 		t.Errorf("micro info %+v", info)
 	}
 	m, err = cli.Request(n.ControlSubject(ControlPing), nil, 2*time.Second)
@@ -57,6 +57,39 @@ func TestControlService(t *testing.T) {
 	var hr HubsReport
 	if err := json.Unmarshal(m.Data, &hr); err != nil || hr.Activations != 1 || len(hr.Addresses) != 1 || hr.Addresses[0] != "rec/a" {
 		t.Errorf("hubs: %+v %v", hr, err)
+	}
+	// The micro protocol's other verbs, by name and by the service's ID:
+	// one identity, the endpoints' counts.
+	for _, c := range []struct {
+		verb micro.Verb
+		id   string
+	}{{micro.PingVerb, ""}, {micro.PingVerb, info.ID}, {micro.StatsVerb, info.ID}, {micro.InfoVerb, info.ID}} {
+		subj, _ := micro.ControlSubject(c.verb, ServiceName, c.id)
+		m, err := cli.Request(subj, nil, 2*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", subj, err)
+		}
+		var r struct {
+			micro.ServiceIdentity
+			Type      string                `json:"type"`
+			Endpoints []micro.EndpointStats `json:"endpoints"`
+		}
+		if err := json.Unmarshal(m.Data, &r); err != nil || r.ID != info.ID || r.Name != ServiceName || r.Metadata[MetaNode] != n.ID().String() {
+			t.Errorf("%s: %s (%v)", subj, m.Data, err)
+		}
+		want := map[micro.Verb]string{micro.PingVerb: micro.PingResponseType, micro.StatsVerb: micro.StatsResponseType, micro.InfoVerb: micro.InfoResponseType}[c.verb]
+		if r.Type != want {
+			t.Errorf("%s: type %q, want %q", subj, r.Type, want)
+		}
+		if c.verb == micro.StatsVerb {
+			counted := false
+			for _, e := range r.Endpoints {
+				counted = counted || e.Name == ControlPing && e.Subject == n.ControlSubject(ControlPing) && e.NumRequests == 1
+			}
+			if !counted {
+				t.Errorf("stats: the ping endpoint does not count one request: %s", m.Data)
+			}
+		}
 	}
 	m, err = cli.Request(n.ControlSubject(ControlDrain), nil, 2*time.Second)
 	if err != nil {

@@ -545,9 +545,7 @@ func (c *Client) stage(t *laneTicket, s *stagedLeg) (sent, handoff bool, perr, e
 		c.pokeLocked(l)
 		l.mu.Unlock()
 		if err == errEvent {
-			s.f.mu.Lock()
-			err = s.f.causeLocked()
-			s.f.mu.Unlock()
+			err = errStagedEvent // nothing was sent: the caller waits its turn unstaged
 		}
 		return false, false, nil, err
 	}
@@ -555,6 +553,13 @@ func (c *Client) stage(t *laneTicket, s *stagedLeg) (sent, handoff bool, perr, e
 
 // errEvent marks a staged wait ended by an event on the flight.
 var errEvent = errors.New("mesh: event")
+
+// errStagedEvent: an event on the flight (its owner departed, moved) ended
+// a staged leg's wait for its turn before anything was sent. It is not an
+// attempt: the caller waits for its turn unstaged and resolves then, as a
+// leg whose owner is not cached does (a departure meets only the legs sent
+// to it and the one holding the cursor, never a deep lane's waiters).
+var errStagedEvent = errors.New("mesh: staged leg's owner changed before it was sent")
 
 // stagedLocked reads t's staged leg's fate: published by the lane (sent,
 // with the publish's error), or handed back to t's caller, which then holds
@@ -657,6 +662,7 @@ func (c *Client) finishLane(t *laneTicket, accepted bool) {
 	if removed {
 		delete(c.lanes, l.key)
 		l.key = LaneKey{}
+		l.subj = "" // the pool is the process's: the next client may have another prefix
 		if cap(l.q) > 2*len(l.qbuf) {
 			l.q = l.qbuf[:0] // a deep lane's queue is not kept
 		}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/natsmesh/natsmesh/hub"
@@ -224,7 +223,7 @@ type Node struct {
 	badReplies              atomic.Int64 // ingress and control requests refused for their reply subject
 	refusedNodeOnly         atomic.Int64 // ingress deliveries refused: a node-only type or an internal kind
 	svcMu                   sync.Mutex
-	svc                     micro.Service // the current session's control service
+	svc                     *controlService // the current session's control service
 	svcStopped              bool
 	draining                atomic.Bool
 	ingressOnce             sync.Once
@@ -694,7 +693,7 @@ func (n *Node) stopServing() {
 	n.svc, n.svcStopped = nil, true
 	n.svcMu.Unlock()
 	if svc != nil {
-		_ = svc.Stop()
+		svc.stop()
 	}
 }
 

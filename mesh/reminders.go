@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
-
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -160,17 +158,15 @@ func (n *Node) deliverFire(ctx context.Context, f reminders.Fire) error {
 }
 
 // serveReminders answers the reminders control endpoint.
-func (n *Node) serveReminders(r micro.Request) {
-	fail := func(code string, err error) { _ = r.Error(code, err.Error(), nil) }
+func (n *Node) serveReminders(data []byte) (any, error) {
+	fail := func(code string, err error) error { return &controlError{code: code, err: err} }
 	st := n.Reminders()
 	if st == nil {
-		fail("503", errors.New("this node has no reminders stream"))
-		return
+		return nil, fail("503", errors.New("this node has no reminders stream"))
 	}
 	var req ReminderRequest
-	if err := json.Unmarshal(r.Data(), &req); err != nil {
-		fail("400", fmt.Errorf("request: %w", err))
-		return
+	if err := json.Unmarshal(data, &req); err != nil {
+		return nil, fail("400", fmt.Errorf("request: %w", err))
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
 	defer cancel()
@@ -179,8 +175,7 @@ func (n *Node) serveReminders(r micro.Request) {
 	case ReminderList:
 		rs, err := st.List(ctx, req.Address)
 		if err != nil {
-			fail(errCode(err), err)
-			return
+			return nil, fail(errCode(err), err)
 		}
 		for _, x := range rs {
 			reply.Reminders = append(reply.Reminders, reminderRow(x))
@@ -190,32 +185,23 @@ func (n *Node) serveReminders(r micro.Request) {
 		if req.Every != "" {
 			d, err := time.ParseDuration(req.Every)
 			if err != nil {
-				fail("400", fmt.Errorf("every: %w", err))
-				return
+				return nil, fail("400", fmt.Errorf("every: %w", err))
 			}
 			sch.Every = d
 		}
 		x, err := st.Set(ctx, reminders.Reminder{Address: req.Address, Name: req.Name, Schedule: sch, Type: req.Type, Payload: req.Payload})
 		if err != nil {
-			fail(errCode(err), err)
-			return
+			return nil, fail(errCode(err), err)
 		}
 		reply.Reminders = append(reply.Reminders, reminderRow(x))
 	case ReminderCancel:
 		if err := st.Cancel(ctx, req.Address, req.Name); err != nil {
-			fail(errCode(err), err)
-			return
+			return nil, fail(errCode(err), err)
 		}
 	default:
-		fail("400", fmt.Errorf("op %q is not list, set or cancel", req.Op))
-		return
+		return nil, fail("400", fmt.Errorf("op %q is not list, set or cancel", req.Op))
 	}
-	b, err := json.Marshal(reply)
-	if err != nil {
-		fail("500", err)
-		return
-	}
-	_ = r.Respond(b)
+	return reply, nil
 }
 
 func errCode(err error) string {

@@ -9,25 +9,35 @@ import (
 	"github.com/natsmesh/natsmesh/profiles"
 )
 
-// docsUsers are the users of the ready server config in docs/operations.md:
-// passwords from environment variables, which nats-server resolves when it
-// reads the file.
-func docsUsers(m profiles.Mesh) []profiles.User {
-	return []profiles.User{
+// DocsCallerAccount is the caller account of the ready server configs
+// (docs/operations.md, compose).
+const DocsCallerAccount = "CALLERS"
+
+// DocsConf is the ready server config of docs/operations.md §5, the
+// production mode for the default mesh: users node and operator in MESH,
+// client in CALLERS, passwords from environment variables
+// (NATSMESH_NODE_PASSWORD, …), which nats-server resolves when it reads
+// the file.
+func DocsConf() (string, error) {
+	m := profiles.Mesh{}
+	return profiles.MultiAccountConf(m, []profiles.User{
 		{User: "node", PasswordVar: "NATSMESH_NODE_PASSWORD", Profile: profiles.Node(m)},
-		{User: "client", PasswordVar: "NATSMESH_CLIENT_PASSWORD", Profile: profiles.Client(m)},
 		{User: "operator", PasswordVar: "NATSMESH_OPERATOR_PASSWORD", Profile: profiles.Operator(m)},
-	}
+	}, []profiles.Tenant{{Account: DocsCallerAccount, Users: []profiles.User{
+		{User: "client", PasswordVar: "NATSMESH_CLIENT_PASSWORD", Profile: profiles.Client(m)},
+	}}})
 }
 
-// composeUsers are compose's: fixed development passwords (the servers
-// publish their ports on loopback only).
-func composeUsers(m profiles.Mesh) []profiles.User {
-	return []profiles.User{
+// composeConf is compose's: the same accounts with fixed development
+// passwords (the servers publish their ports on loopback only).
+func composeConf() (string, error) {
+	m := profiles.Mesh{}
+	return profiles.MultiAccountConf(m, []profiles.User{
 		{User: "node", Password: "dev-node-password", Profile: profiles.Node(m)},
-		{User: "client", Password: "dev-client-password", Profile: profiles.Client(m)},
 		{User: "operator", Password: "dev-operator-password", Profile: profiles.Operator(m)},
-	}
+	}, []profiles.Tenant{{Account: DocsCallerAccount, Users: []profiles.User{
+		{User: "client", Password: "dev-client-password", Profile: profiles.Client(m)},
+	}}})
 }
 
 const composeHeader = `# Accounts of compose.yaml's NATS servers, included by nats-N.conf: the
@@ -36,9 +46,14 @@ const composeHeader = `# Accounts of compose.yaml's NATS servers, included by na
 # loopback only). Generated: profiles/docs_test.go checks this file; change the
 # passwords (or use nkeys, docs/operations.md §5) before exposing anything.
 #
-#   node      meshd (MESHD_USER=node), meshctl subscribe
-#   client    callers through the ingress (nats req)
-#   operator  meshctl nodes, hubs, stats, drain, send, request
+# The production (multi-account) mode: MESH holds the nodes and operators and
+# exports the ingress mesh.v1.in.> as a service; the caller account CALLERS
+# imports it sharing requestor info, so nodes learn each caller's account and
+# user from the server (Nats-Request-Info).
+#
+#   node      (MESH) meshd (MESHD_USER=node), meshctl subscribe, bench
+#   operator  (MESH) meshctl nodes, hubs, stats, drain, send, request, state get
+#   client    (CALLERS) callers through the ingress (nats req)
 
 `
 
@@ -46,7 +61,7 @@ const composeHeader = `# Accounts of compose.yaml's NATS servers, included by na
 // exactly as package profiles renders it, and deploy/nats/accounts.conf is
 // compose's rendering; both parse with nats-server's parser.
 func TestDocsAndComposeCarryTheProfiles(t *testing.T) {
-	want, err := profiles.AccountsConf(profiles.Mesh{}, docsUsers(profiles.Mesh{}))
+	want, err := DocsConf()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +77,7 @@ func TestDocsAndComposeCarryTheProfiles(t *testing.T) {
 	}
 	natstest.RunServer(t, natstest.WithConfig(want))
 
-	compose, err := profiles.AccountsConf(profiles.Mesh{}, composeUsers(profiles.Mesh{}))
+	compose, err := composeConf()
 	if err != nil {
 		t.Fatal(err)
 	}

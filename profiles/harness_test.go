@@ -29,6 +29,43 @@ type secured struct {
 	s    *server.Server
 	m    profiles.Mesh
 	keys map[string]nkeys.KeyPair
+	// caller is the nodes' caller identity mode: CallerFromRequestInfo
+	// for the multi-account mode.
+	caller mesh.CallerIdentity
+}
+
+// Tenant accounts of newMultiSecured and the names of their client users'
+// keys: "client" in ALICE, "bob" in BOB.
+const aliceAccount, bobAccount, bobUser = "ALICE", "BOB", "bob"
+
+// newMultiSecured is newSecured in the multi-account (production) mode of
+// profiles.MultiAccountConf: nkey users with the node and operator
+// profiles in MESH, a client-profile user in each of the tenant accounts
+// ALICE ("client") and BOB ("bob"); nodes take the caller identity from
+// Nats-Request-Info.
+func newMultiSecured(t testing.TB) *secured {
+	t.Helper()
+	e := &secured{m: profiles.Mesh{}, keys: map[string]nkeys.KeyPair{}, caller: mesh.CallerFromRequestInfo}
+	user := func(name string, p profiles.Permissions) profiles.User {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		e.keys[name] = kp
+		return profiles.User{NKey: pub, Profile: p}
+	}
+	conf, err := profiles.MultiAccountConf(e.m,
+		[]profiles.User{user("node", profiles.Node(e.m)), user("operator", profiles.Operator(e.m))},
+		[]profiles.Tenant{
+			{Account: aliceAccount, Users: []profiles.User{user("client", profiles.Client(e.m))}},
+			{Account: bobAccount, Users: []profiles.User{user(bobUser, profiles.Client(e.m))}},
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.s = natstest.RunServer(t, natstest.WithConfig("ping_interval: \"500ms\"\nping_max: 2\n"+conf))
+	return e
 }
 
 const openUser, openPassword = "open", "open-secret"
@@ -68,7 +105,7 @@ func newSecured(t *testing.T, extra ...profiles.User) *secured {
 
 // auth returns the connect option of a profile's user ("open" for the
 // password user).
-func (e *secured) auth(t *testing.T, profile string) nats.Option {
+func (e *secured) auth(t testing.TB, profile string) nats.Option {
 	t.Helper()
 	switch profile {
 	case openUser:
@@ -86,7 +123,7 @@ func (e *secured) auth(t *testing.T, profile string) nats.Option {
 
 // conn connects as profile; an async error (a permission violation) fails
 // the test.
-func (e *secured) conn(t *testing.T, profile string, opts ...nats.Option) *nats.Conn {
+func (e *secured) conn(t testing.TB, profile string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	return natstest.Connect(t, e.s, append([]nats.Option{e.auth(t, profile)}, opts...)...)
 }
@@ -148,7 +185,7 @@ type testNode struct {
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func (e *secured) node(t *testing.T, name, profile string, opts ...mesh.Option) *testNode {
+func (e *secured) node(t testing.TB, name, profile string, opts ...mesh.Option) *testNode {
 	t.Helper()
 	nc := e.conn(t, profile, nats.Name(membership.ConnNamePrefix+name), nats.CustomInboxPrefix(profiles.NodeInboxPrefix(e.m.Prefix)))
 	tn := &testNode{nc: nc, drains: make(chan struct{}, 8), fatal: make(chan error, 1), lates: make(chan mesh.LateVerdict, 64), events: make(chan membership.Event, 64), gate: make(chan struct{})}
@@ -157,7 +194,7 @@ func (e *secured) node(t *testing.T, name, profile string, opts ...mesh.Option) 
 	tn.handledN = func(id string) int { mu.Lock(); defer mu.Unlock(); return count[id] }
 	opts = append([]mesh.Option{mesh.WithLateVerdicts(func(v mesh.LateVerdict) { tn.lates <- v })}, opts...)
 	n, err := mesh.NewNode(mesh.NodeConfig{
-		Conn: nc, Name: name, Logger: quiet(),
+		Conn: nc, Name: name, Logger: quiet(), CallerIdentity: e.caller,
 		Membership:     &mesh.MembershipConfig{AdvisorySubject: e.m.AdvisorySubject()},
 		OnDrainRequest: func() { tn.drains <- struct{}{} },
 		OnMembershipEvent: func(ev membership.Event) {
@@ -210,7 +247,7 @@ func (e *secured) node(t *testing.T, name, profile string, opts ...mesh.Option) 
 	return tn
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx

@@ -1,16 +1,30 @@
-// Package profiles writes the three NATS permission profiles of a mesh
-// (DESIGN §10) once, as nats-server configuration: node, client and
-// operator. The embedded server of meshd applies them when auth is on
-// (package daemon), compose's servers and docs/operations.md carry the same
-// text, and the attack tests run against a real server configured from it.
+// Package profiles writes the NATS permission profiles of a mesh (DESIGN
+// §10) once, as nats-server configuration: node, client and operator, in
+// two modes. [MultiAccountConf] is production: nodes and operators in the
+// mesh account, which exports the ingress <prefix>.in.> as a service that
+// caller accounts import sharing requestor info, so the server stamps each
+// request's Nats-Request-Info and makes its reply subject (_R_.…).
+// [AccountsConf] is the weaker single-account mode: everyone in one
+// account, callers told apart by their inbox prefixes. meshd --auth and
+// compose apply the multi-account one (package daemon, deploy/nats/),
+// docs/operations.md carries its text, and the attack and end-to-end tests
+// run against real servers configured from it.
 //
 //	profile   may publish                                   may subscribe
 //	node      <prefix>.>, the JetStream API of the mesh's   <prefix>.>, $SRV.>, the disconnect
-//	          three buckets (no update, purge, delete),     advisory, the node inbox
-//	          _INBOX.> and the node inbox
+//	          three buckets (no update, purge, delete)      advisory of its account, the node
+//	          and of the reminders stream, $SRV.>,          inbox, the operator inbox
+//	          $SYS.REQ.USER.INFO, _R_.> (service
+//	          replies), the client and operator inboxes
+//	          and the node inbox
 //	client    <prefix>.in.>                                 its inbox (_INBOX.> by default)
-//	operator  <prefix>.ctl.>, <prefix>.in.>, $SRV.>,        its inbox
-//	          reads of the registry and state buckets
+//	operator  <prefix>.ctl.>, <prefix>.in.>, $SRV.>         its inbox
+//
+// No profile but the node's reaches JetStream: every JetStream API request
+// is answered on the requester's reply subject by the server itself, which
+// may publish anywhere in the account (a direct get with the reply
+// $KV.<bucket>.<key> writes the answer into the bucket), so the operator
+// reads state through a node's control endpoint, which checks the reply.
 //
 // Nodes connect with the node inbox prefix ([NodeInboxPrefix]), which no
 // other profile may subscribe to: the acceptance replies a node receives for
@@ -192,26 +206,29 @@ func reminderStream(stream string) []string {
 	}
 }
 
-// kvRead is a read of a KV bucket: bind it and get keys. It creates no
-// consumer: a push consumer delivers to any subject its creator names,
-// which would let a reader make the server publish where the reader may
-// not.
-func kvRead(bucket string) []string {
-	s := "KV_" + bucket
-	return []string{
-		"$JS.API.STREAM.INFO." + s,
-		"$JS.API.STREAM.MSG.GET." + s,
-		"$JS.API.DIRECT.GET." + s,
-		"$JS.API.DIRECT.GET." + s + ".>",
-	}
-}
+// Subjects outside the mesh's prefix that the node profile publishes to.
+const (
+	// UserInfoSubject is the server's own "who am I" service: a node asks
+	// it for the account it runs in, whose disconnect advisory it then
+	// subscribes to (membership.AccountAdvisorySubject).
+	UserInfoSubject = membership.UserInfoSubject
+	// ServiceReplies are the reply subjects a server makes for requests
+	// that crossed a service import (the ingress of the multi-account
+	// mode); clients cannot name them as replies (the server refuses a
+	// reserved reply), so only answers to imported requests go there.
+	ServiceReplies = "_R_.>"
+)
 
-// Node is the profile of mesh nodes (meshd, services that embed a node):
-// the whole <prefix>.> subject space, the JetStream API of the registry,
-// directory and hub state buckets (bind, create, get, watch, write keys),
-// the micro service endpoints and discovery ($SRV.>), the disconnect
-// advisory, replies to outside callers (_INBOX.>) and to other nodes (the
-// node inbox).
+// Node is the profile of mesh nodes (meshd, services that embed a node,
+// meshctl subscribe and bench): the whole <prefix>.> subject space, the
+// JetStream API of the registry, directory and hub state buckets (bind,
+// create, get, watch, write keys), the micro service endpoints and
+// discovery ($SRV.>), the server's user info (UserInfoSubject), the
+// disconnect advisory of m.Account, replies to callers through a service
+// import (ServiceReplies), to callers and operators in the mesh account
+// (their inboxes) and to other nodes (the node inbox). It may subscribe to
+// the operator inbox too, so that meshctl's operator commands (drain,
+// nodes, …) also work for a node user.
 func Node(m Mesh) Permissions {
 	m = m.withDefaults()
 	p := string(m.Prefix)
@@ -220,11 +237,11 @@ func Node(m Mesh) Permissions {
 	pub = append(pub, kvWrite(directory.BucketName(m.Prefix))...)
 	pub = append(pub, kvWrite(hubstate.BucketName(m.Prefix))...)
 	pub = append(pub, reminderStream(reminders.StreamName(m.Prefix))...)
-	pub = append(pub, "$SRV.>", m.ClientInbox+".>", NodeInboxPrefix(m.Prefix)+".>")
+	pub = append(pub, "$SRV.>", UserInfoSubject, ServiceReplies, m.ClientInbox+".>", NodeInboxPrefix(m.Prefix)+".>")
 	if m.OperatorInbox != m.ClientInbox {
 		pub = append(pub, m.OperatorInbox+".>")
 	}
-	sub := []string{p + ".>", "$SRV.>", m.AdvisorySubject(), NodeInboxPrefix(m.Prefix) + ".>"}
+	sub := []string{p + ".>", "$SRV.>", m.AdvisorySubject(), NodeInboxPrefix(m.Prefix) + ".>", m.OperatorInbox + ".>"}
 	return Permissions{Name: "node", Publish: pub, Subscribe: sub}
 }
 
@@ -239,17 +256,20 @@ func Client(m Mesh) Permissions {
 	}
 }
 
-// Operator is the profile of meshctl: the nodes' control endpoints
-// (<prefix>.ctl.>, drain included), the micro service discovery ($SRV.>),
-// the ingress (meshctl send, request, bench through the ingress), and reads
-// of the registry and hub state buckets; it subscribes to its inbox. meshctl subscribe
-// joins the mesh as a node and needs the node profile.
+// Operator is the profile of meshctl nodes, hubs, stats, drain, send,
+// request and state get: the nodes' control endpoints (<prefix>.ctl.>,
+// drain and state reads included), the micro service discovery ($SRV.>)
+// and the ingress (meshctl send, request); it subscribes to its inbox. It
+// has no JetStream API at all: the server answers a JetStream request on
+// whatever reply subject the requester names, in the mesh account, so a
+// reader of a bucket could make JetStream write into any bucket of the
+// mesh (SECURITY.md); meshctl state get reads through a node instead
+// (mesh.ControlState). meshctl subscribe and bench act as mesh clients and
+// need the node profile.
 func Operator(m Mesh) Permissions {
 	m = m.withDefaults()
 	p := string(m.Prefix)
 	pub := []string{p + ".ctl.>", p + ".in.>", "$SRV.>"}
-	pub = append(pub, kvRead(membership.BucketName(m.Prefix))...)
-	pub = append(pub, kvRead(hubstate.BucketName(m.Prefix))...) // meshctl state get
 	return Permissions{Name: "operator", Publish: pub, Subscribe: []string{m.OperatorInbox + ".>"}}
 }
 
@@ -321,8 +341,8 @@ func (u User) conf(indent string) (string, error) {
 	return indent + "# " + u.Profile.Name + " profile\n" + indent + "{" + id + ", permissions: " + perm + "}", nil
 }
 
-// AccountsConf renders the accounts section a NATS server needs for a
-// secured mesh: the system account exports the disconnect advisory of the
+// AccountsConf renders the accounts section of the single-account mode
+// (weaker than [MultiAccountConf]: SECURITY.md): the system account exports the disconnect advisory of the
 // application account to it only; the application account has JetStream,
 // imports the advisory under the same subject, and holds users, each with
 // its profile. There is no no_auth_user: a client without credentials is
@@ -336,13 +356,9 @@ func AccountsConf(m Mesh, users []User) (string, error) {
 	}
 	m = m.withDefaults()
 	adv := quote(m.AdvisorySubject())
-	var us []string
-	for _, u := range users {
-		s, err := u.conf("      ")
-		if err != nil {
-			return "", err
-		}
-		us = append(us, s)
+	us, err := usersConf(users)
+	if err != nil {
+		return "", err
 	}
 	return "accounts {\n" +
 		"  " + m.SystemAccount + " {\n" +
@@ -351,10 +367,116 @@ func AccountsConf(m Mesh, users []User) (string, error) {
 		"  " + m.Account + " {\n" +
 		"    jetstream: enabled\n" +
 		"    imports: [{stream: {account: " + m.SystemAccount + ", subject: " + adv + "}}]\n" +
-		"    users: [\n" + strings.Join(us, "\n") + "\n    ]\n" +
+		"    users: [\n" + us + "\n    ]\n" +
 		"  }\n" +
 		"}\n" +
 		"system_account: " + m.SystemAccount + "\n", nil
+}
+
+// Tenant is a caller account of the multi-account mode: it imports the
+// mesh's ingress and holds callers, normally with the [Client] profile.
+// Users of one tenant account share their account's inbox space, as users
+// of one account always do; give callers that must not read each other's
+// answers accounts of their own.
+type Tenant struct {
+	// Account names the caller account: [A-Za-z0-9_-], neither the mesh's
+	// nor the system account.
+	Account string
+	// Users are the account's users; at least one.
+	Users []User
+}
+
+// MultiAccountConf renders the accounts section of the production mode
+// (DESIGN §10, SECURITY.md): tenants in their own accounts.
+//
+//   - The system account exports the client-disconnect advisory of
+//     m.Account to m.Account only.
+//   - m.Account has JetStream, imports the advisory under the same subject,
+//     exports the ingress <prefix>.in.> as a service (response_type
+//     singleton: one answer per request) to the tenants' accounts only, and
+//     holds meshUsers (the node and operator profiles).
+//   - Each tenant account imports the ingress under the same subject with
+//     share: true, so the server stamps Nats-Request-Info (the caller's
+//     account and user; a value the caller wrote is replaced) on each
+//     request it carries into m.Account, and answers through a reply
+//     subject of its own making (_R_.…, which no client may name). Tenants
+//     have no JetStream and import nothing else: nothing a caller sends
+//     reaches the mesh account but an ingress request.
+//
+// The nodes then take the caller identity from Nats-Request-Info
+// (mesh.CallerFromRequestInfo: meshd --caller-identity request-info).
+// There is no no_auth_user. The same text goes on every server of a
+// cluster. Errors: an invalid m, no mesh user, no tenant, a tenant without
+// users, a bad or repeated account name, a bad user.
+func MultiAccountConf(m Mesh, meshUsers []User, tenants []Tenant) (string, error) {
+	if err := m.Validate(); err != nil {
+		return "", err
+	}
+	if len(meshUsers) == 0 {
+		return "", fmt.Errorf("profiles: no users in the mesh account")
+	}
+	if len(tenants) == 0 {
+		return "", fmt.Errorf("profiles: no tenant account")
+	}
+	m = m.withDefaults()
+	seen := map[string]bool{m.Account: true, m.SystemAccount: true}
+	var names []string
+	for _, t := range tenants {
+		if !plain(t.Account, false) {
+			return "", fmt.Errorf("profiles: tenant account %q: want [A-Za-z0-9_-]", t.Account)
+		}
+		if seen[t.Account] {
+			return "", fmt.Errorf("profiles: tenant account %q is used twice, or is the mesh or system account", t.Account)
+		}
+		if len(t.Users) == 0 {
+			return "", fmt.Errorf("profiles: tenant account %s has no users", t.Account)
+		}
+		seen[t.Account] = true
+		names = append(names, t.Account)
+	}
+	mus, err := usersConf(meshUsers)
+	if err != nil {
+		return "", err
+	}
+	in := quote(string(m.Prefix) + ".in.>")
+	adv := quote(m.AdvisorySubject())
+	var b strings.Builder
+	b.WriteString("accounts {\n" +
+		"  " + m.SystemAccount + " {\n" +
+		"    exports: [{stream: " + adv + ", accounts: [" + m.Account + "]}]\n" +
+		"  }\n" +
+		"  # the mesh: nodes and operators\n" +
+		"  " + m.Account + " {\n" +
+		"    jetstream: enabled\n" +
+		"    imports: [{stream: {account: " + m.SystemAccount + ", subject: " + adv + "}}]\n" +
+		"    exports: [{service: " + in + ", accounts: [" + strings.Join(names, ", ") + "], response_type: singleton}]\n" +
+		"    users: [\n" + mus + "\n    ]\n" +
+		"  }\n")
+	for _, t := range tenants {
+		us, err := usersConf(t.Users)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString("  # callers: the ingress, with their identity shared\n" +
+			"  " + t.Account + " {\n" +
+			"    imports: [{service: {account: " + m.Account + ", subject: " + in + "}, share: true}]\n" +
+			"    users: [\n" + us + "\n    ]\n" +
+			"  }\n")
+	}
+	b.WriteString("}\n" + "system_account: " + m.SystemAccount + "\n")
+	return b.String(), nil
+}
+
+func usersConf(users []User) (string, error) {
+	var us []string
+	for _, u := range users {
+		s, err := u.conf("      ")
+		if err != nil {
+			return "", err
+		}
+		us = append(us, s)
+	}
+	return strings.Join(us, "\n"), nil
 }
 
 // All returns the three profiles of m: node, client, operator.

@@ -10,7 +10,7 @@
 # OUTDIR, or in a temporary directory the failure names.
 #
 # Usage: scripts/chaos.sh SEED DURATION [OUTDIR]
-#   SEED      an unsigned integer (CI runs 2107 for 24s)
+#   SEED      an unsigned integer (CI runs 2104 for 28s)
 #   DURATION  how long faults are injected, as a Go duration: 90s, 30m
 # Environment: NATSMESH_CHAOS_FAULTS (comma-separated fault kinds, default
 # all: node-kill,node-freeze,server-lame-duck,server-kill,link-cut),

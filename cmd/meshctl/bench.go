@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/profiles"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -83,7 +84,9 @@ func newBenchCmd(g *globals) *cobra.Command {
 		Long: `Send -n deliveries to --to over -c concurrent lanes (lane i is the stream
 "bench-<i>": deliveries on one lane are sequential, lanes run concurrently)
 with a mesh client that sends straight to one node, and print deliveries per
-second, p50/p90/p99 latency and the verdicts by reason.
+second, p50/p90/p99 latency and the verdicts by reason. As a mesh client it
+needs the node permission profile (SECURITY.md) and reads its answers on the
+node inbox prefix unless --inbox-prefix says otherwise.
 
 The target node is the node named --node if given (it must own --to, else
 every delivery is refused not-owner); else the owner of --to, found by one
@@ -146,6 +149,13 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	// connection reconnects, and moves off a server in lame duck mode
 	// without losing an answer in flight (mesh.Client.MoveConnection).
 	var clientRef atomic.Pointer[mesh.Client]
+	userInbox := g.inboxPrefix
+	if g.inboxPrefix == "" {
+		// A mesh client: the acceptance replies it reads carry the keys
+		// of answers, so they go to the node profile's inbox
+		// (SECURITY.md), as meshctl subscribe's do.
+		g.inboxPrefix = profiles.NodeInboxPrefix(g.meshPrefix())
+	}
 	nc, err := g.connectReconnecting("meshctl bench", func() {
 		if c := clientRef.Load(); c != nil {
 			go func() {
@@ -163,7 +173,7 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	if max := nc.MaxPayload(); max > 0 && int64(f.size)+1024 > max {
 		return usageErrorf("--size %d is over the server's max_payload of %d (less 1024 bytes for headers)", f.size, max)
 	}
-	target, err := benchTarget(ctx, g, nc, addr, f.node)
+	target, err := benchTarget(ctx, g, nc, userInbox, addr, f.node)
 	if err != nil {
 		return err
 	}
@@ -232,13 +242,25 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 	return benchFailures(out)
 }
 
-// benchTarget picks the node to deliver to: the named one, else the first
-// (by name) that hosts the address's kind and is not draining.
-func benchTarget(ctx context.Context, g *globals, nc *nats.Conn, addr subjects.Address, name string) (subjects.NodeID, error) {
+// benchTarget picks the node to deliver to: the named one, else the owner
+// of addr found by a warm-up delivery through the ingress, else the first
+// (by name) that hosts the address's kind and is not draining. The warm-up
+// goes on a connection of its own with the user's inbox prefix (userInbox,
+// empty for nats.go's default): the ingress answers no reply under the
+// nodes' inbox, which nc uses.
+func benchTarget(ctx context.Context, g *globals, nc *nats.Conn, userInbox string, addr subjects.Address, name string) (subjects.NodeID, error) {
 	if name == "" {
 		// With several nodes the address has one owner: activate it
 		// through the ingress and bench the node that accepted it.
-		a, err := deliverIngress(ctx, nc, g.meshPrefix(), ingressDelivery{To: addr, Type: "natsmesh.bench.warmup"}, g.timeout)
+		nodeInbox := g.inboxPrefix
+		g.inboxPrefix = userInbox
+		wc, err := g.connect("meshctl bench warm-up")
+		g.inboxPrefix = nodeInbox
+		if err != nil {
+			return subjects.NodeID{}, err
+		}
+		a, err := deliverIngress(ctx, wc, g.meshPrefix(), ingressDelivery{To: addr, Type: "natsmesh.bench.warmup"}, g.timeout)
+		wc.Close()
 		if err == nil && a.Err == nil && a.Node != "" {
 			if id, perr := subjects.ParseNodeID(a.Node); perr == nil {
 				return id, nil

@@ -29,6 +29,18 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 	return g.dial(name, nats.NoReconnect())
 }
 
+// profileFor names the permission profile (package profiles, SECURITY.md)
+// a meshctl command needs: subscribe and bench act as mesh clients (they
+// publish deliveries to nodes and read answers), so they need the node
+// profile; everything else works with the operator profile.
+func profileFor(command string) string {
+	switch command {
+	case "subscribe", "bench":
+		return "node"
+	}
+	return "operator"
+}
+
 // reconnectWait is how long a reconnecting connection (connectReconnecting)
 // waits between attempts.
 const reconnectWait = 250 * time.Millisecond
@@ -49,7 +61,7 @@ func (g *globals) dial(name string, extra ...nats.Option) (*nats.Conn, error) {
 		nats.NoCallbacksAfterClientClose(),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			if errors.Is(err, nats.ErrPermissionViolation) && g.deny != nil {
-				g.deny(exitf(exitNoNATS, "%v: the NATS user of this meshctl may not do this (see SECURITY.md: meshctl needs the operator profile; subscribe needs the node profile)", err))
+				g.deny(exitf(exitNoNATS, "%v: this NATS user may not do that: meshctl %s needs the %s profile (SECURITY.md)", err, g.command, profileFor(g.command)))
 			}
 		}),
 	}

@@ -179,6 +179,9 @@ type globals struct {
 	// before the command runs, called by a connection's error handler on a
 	// permissions violation (conn.go).
 	deny context.CancelCauseFunc
+	// command is the running command's path below the root ("state
+	// get"), for error messages.
+	command string
 }
 
 func (g *globals) json() bool { return g.output == "json" }
@@ -352,6 +355,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 			ctx, deny := context.WithCancelCause(cmd.Context())
 			cmd.SetContext(ctx)
 			g.deny = deny
+			g.command = strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
 			return g.validate()
 		},
 	}

@@ -2,16 +2,17 @@ package main
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"strconv"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/natsmesh/natsmesh/mesh/hubstate"
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -29,6 +30,55 @@ type stateRecord struct {
 	ValueBase64 []byte    `json:"value_base64,omitempty"`
 }
 
+// readState asks the nodes of --prefix, in name order, for addr's stored
+// state until one answers it: not found is exit 3, a node without a state
+// store is skipped, any other failure of the read is exit 3 naming it.
+func readState(ctx context.Context, g *globals, nc *nats.Conn, addr subjects.Address) (hub.StateRecord, error) {
+	nodes, err := g.discover(ctx, nc)
+	if err != nil {
+		return hub.StateRecord{}, err
+	}
+	if len(nodes) == 0 {
+		return hub.StateRecord{}, g.noNodes()
+	}
+	q, _ := json.Marshal(mesh.StateQuery{Address: string(addr)})
+	var last error
+	for _, n := range nodes {
+		msgs, gone, err := gather(ctx, nc, g.controlSubject(n.Name, mesh.ControlState), q, 1, g.timeout)
+		if err != nil {
+			return hub.StateRecord{}, natsError(err, "read state of %s", addr)
+		}
+		if gone || len(msgs) == 0 {
+			last = exitf(exitTimeout, "node %s did not answer the state read of %s in %v", n.Name, addr, g.timeout)
+			continue
+		}
+		if err := serviceError(msgs[0]); err != nil {
+			last = exitf(exitVerdict, "state of %s from node %s: %v", addr, n.Name, err)
+			continue
+		}
+		var r mesh.StateReply
+		if err := json.Unmarshal(msgs[0].Data, &r); err != nil {
+			last = exitf(exitVerdict, "state of %s from node %s: bad answer: %v", addr, n.Name, err)
+			continue
+		}
+		switch {
+		case r.Error != "":
+			last = exitf(exitVerdict, "state of %s from node %s: %s", addr, n.Name, r.Error)
+			continue
+		case !r.Found:
+			return hub.StateRecord{}, exitf(exitVerdict, "no stored state for %s", addr)
+		}
+		rec := hub.StateRecord{Epoch: r.Epoch, Revision: r.Revision, Data: r.Data, Updated: r.Updated}
+		if r.Owner != "" {
+			if id, err := subjects.ParseNodeID(r.Owner); err == nil {
+				rec.Owner = id
+			}
+		}
+		return rec, nil
+	}
+	return hub.StateRecord{}, last
+}
+
 // maxValueShown is how many characters of a value the table shows.
 const maxValueShown = 120
 
@@ -44,8 +94,10 @@ func newStateCmd(g *globals) *cobra.Command {
 bucket of --prefix: the node generation whose activation took it over last,
 its epoch (takeovers so far), the KV revision, when it was written, its size
 and its value (text, or base64 with -o json when it is not UTF-8; the table
-shows at most ` + strconv.Itoa(maxValueShown) + ` characters). It reads the bucket directly: no node needs
-to be running. No stored state (or no state bucket) exits 3.`,
+shows at most ` + strconv.Itoa(maxValueShown) + ` characters). A node reads it for meshctl (its control
+endpoint <prefix>.ctl.<node>.state), so the operator profile needs no
+JetStream permission (SECURITY.md): some node of --prefix must be running.
+No stored state, or no node, exits 3.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			addr := subjects.Address(args[0])
@@ -59,27 +111,9 @@ to be running. No stored state (or no state bucket) exits 3.`,
 			defer nc.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 			defer cancel()
-			js, err := jetstream.New(nc)
+			rec, err := readState(ctx, g, nc, addr)
 			if err != nil {
-				return natsError(err, "jetstream")
-			}
-			bucket := hubstate.BucketName(g.meshPrefix())
-			kv, err := js.KeyValue(ctx, bucket)
-			if errors.Is(err, jetstream.ErrBucketNotFound) {
-				return exitf(exitVerdict, "no stored state for %s: the mesh has no state bucket %s", addr, bucket)
-			}
-			if err != nil {
-				return natsError(err, "bind state bucket %s", bucket)
-			}
-			rec, err := hubstate.Read(ctx, kv, addr)
-			if errors.Is(err, hubstate.ErrNotFound) {
-				return exitf(exitVerdict, "no stored state for %s", addr)
-			}
-			if errors.Is(err, hubstate.ErrCorrupt) {
-				return exitf(exitVerdict, "%v", err)
-			}
-			if err != nil {
-				return natsError(err, "read state of %s", addr)
+				return err
 			}
 			out := stateRecord{Address: string(addr), Epoch: rec.Epoch, Revision: rec.Revision, Updated: rec.Updated.UTC(), Bytes: len(rec.Data)}
 			if !rec.Owner.IsZero() {

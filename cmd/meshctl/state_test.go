@@ -14,11 +14,11 @@ import (
 
 // TestStateGet: meshctl state get prints the kv hub's stored map (table
 // and -o json) with its owner, epoch and revision; no stored state, no
-// bucket and a bad address are errors with their exit codes.
+// node to read it and a bad address are errors with their exit codes.
 func TestStateGet(t *testing.T) {
 	s := natstest.RunServer(t)
-	if r := meshctl(t, s, "", "state", "get", "kv/none"); r.code != exitVerdict || !strings.Contains(r.stderr, "no state bucket") {
-		t.Fatalf("before any bucket: %s", r)
+	if r := meshctl(t, s, "", "state", "get", "kv/none"); r.code != exitVerdict || !strings.Contains(r.stderr, "no natsmesh node") {
+		t.Fatalf("before any node: %s", r)
 	}
 	nc := natstest.Connect(t, s)
 	node, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "n1", Logger: slog.New(slog.DiscardHandler),

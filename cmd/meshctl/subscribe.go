@@ -239,7 +239,15 @@ func (g *globals) meshMembership(ctx context.Context, nc *nats.Conn) (*mesh.Memb
 	if ttl <= 0 {
 		return nil, exitf(exitVerdict, "registry bucket %s has no TTL: not a natsmesh registry", bucket)
 	}
-	return &mesh.MembershipConfig{Heartbeat: min(membership.DefaultHeartbeat, ttl/3), TTL: ttl, Replicas: st.Config().Replicas, Subscriber: true}, nil
+	// The disconnect advisory of this user's account, which the node
+	// profile allows (the default wildcard it refuses); none when the
+	// server does not say: a subscriber reads departures from the registry
+	// then.
+	adv, err := membership.AccountAdvisorySubject(ctx, nc)
+	if err != nil {
+		adv = "-"
+	}
+	return &mesh.MembershipConfig{Heartbeat: min(membership.DefaultHeartbeat, ttl/3), TTL: ttl, Replicas: st.Config().Replicas, Subscriber: true, AdvisorySubject: adv}, nil
 }
 
 // joinMesh starts node: it joins the mesh. Start cannot be interrupted; on

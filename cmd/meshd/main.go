@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -55,6 +57,8 @@ type options struct {
 	dataDirSet                                          bool // --data-dir (or MESHD_DATA_DIR) given
 	kvReplicas                                          int
 	stateReplicas, stateMaxValue                        int
+	callerRate, clientInboxes                           string
+	callerBurst                                         int
 
 	env *envflag.Set // where each flag's value came from
 }
@@ -156,8 +160,15 @@ signal during the drain.`,
 	f.Var(nonNegativeDuration(&o.heartbeat, defaultHeartbeat), "heartbeat", "registry heartbeat; 0 means the default")
 	f.Var(nonNegativeDuration(&o.ttl, defaultTTL), "ttl", "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
 	f.Var(nonNegativeDuration(&o.placementWait, mesh.DefaultPlacementWait), "placement-wait", "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement); 0 means the default")
-	o.callerIdentity = "inbox"
-	f.Var(checked(&o.callerIdentity, oneOf("inbox", "request-info")), "caller-identity", "where the ingress takes a caller's identity from, which scopes delivery IDs (SECURITY.md): inbox (the reply's inbox prefix; one account) or request-info (the server-stamped Nats-Request-Info; tenants in their own accounts importing the ingress)")
+	// request-info is right in both modes: only a request that crossed a
+	// service import has a _R_ reply (the server refuses one a client
+	// names), so its Nats-Request-Info is the server's; any other request
+	// falls back to its inbox prefix, as with inbox.
+	o.callerIdentity = "request-info"
+	f.Var(checked(&o.callerIdentity, oneOf("inbox", "request-info")), "caller-identity", "where the ingress takes a caller's identity from, which scopes delivery IDs (SECURITY.md): request-info (the account and user the server stamps in Nats-Request-Info on a request that crossed the ingress's service import — tenants in their own accounts — else the reply's inbox prefix, as inbox; right in both modes) or inbox (the reply's inbox prefix only)")
+	f.Var(checked(&o.callerRate, optional(checkRate)), "ingress-caller-rate", "limit each ingress caller to this many deliveries per second (a decimal > 0; over it Ignored storm-breaker, SECURITY.md); empty means no limit")
+	f.Var(nonNegativeInt(&o.callerBurst, 0), "ingress-caller-burst", "the burst of --ingress-caller-rate, in deliveries; 0 means the rate")
+	f.Var(checked(&o.clientInboxes, optional(checkInboxes)), "client-inboxes", "comma-separated inbox prefixes of the account's client users (e.g. _INBOX.alice,_INBOX.bob): with one account, the ingress refuses a reply under one of them that is not that user's own shape (SECURITY.md)")
 	f.BoolVar(&o.replace, "replace", false, "take the name over from a live node of the same name (it stands down and exits); without it meshd exits at once if its name is live")
 	o.logFormat, o.logLevel = "auto", "info"
 	f.Var(checked(&o.logFormat, oneOf("auto", "text", "json")), "log-format", "auto (text on a terminal, else JSON), text or json")
@@ -226,6 +237,43 @@ func (c *checkedString) Set(v string) error {
 func (c *checkedString) Type() string { return "string" }
 
 // oneOf checks that a value is one of want.
+// checkRate accepts a decimal deliveries-per-second rate above zero.
+func checkRate(v string) error {
+	r, err := strconv.ParseFloat(v, 64)
+	if err != nil || r <= 0 || math.IsInf(r, 0) || math.IsNaN(r) {
+		return errors.New("want a decimal rate above 0, in deliveries per second")
+	}
+	return nil
+}
+
+// parseRate is checkRate's value, 0 for none.
+func parseRate(v string) float64 {
+	r, _ := strconv.ParseFloat(v, 64)
+	return r
+}
+
+// checkInboxes accepts comma-separated inbox prefixes: dot-separated
+// tokens of [A-Za-z0-9_-].
+func checkInboxes(v string) error {
+	for _, in := range splitList(v) {
+		if err := subjects.Prefix(in).Validate(); err != nil {
+			return fmt.Errorf("inbox prefix %q: want dot-separated tokens of [A-Za-z0-9_-]", in)
+		}
+	}
+	return nil
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for p := range strings.SplitSeq(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // callerIdentities maps --caller-identity to the node's mode.
 var callerIdentities = map[string]mesh.CallerIdentity{"inbox": mesh.CallerFromInbox, "request-info": mesh.CallerFromRequestInfo}
 
@@ -265,9 +313,11 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 		HTTP: o.http, DrainTimeout: o.drainTimeout, Logger: logger,
 		Standalone: o.standalone, KVReplicas: o.kvReplicas, Heartbeat: o.heartbeat, TTL: o.ttl,
 		StateReplicas: o.stateReplicas, StateMaxValueSize: o.stateMaxValue,
-		PlacementWait:  o.placementWait,
-		CallerIdentity: callerIdentities[o.callerIdentity],
-		Replace:        o.replace,
+		PlacementWait:     o.placementWait,
+		CallerIdentity:    callerIdentities[o.callerIdentity],
+		IngressCallerRate: parseRate(o.callerRate), IngressCallerBurst: o.callerBurst,
+		ClientInboxes: splitList(o.clientInboxes),
+		Replace:       o.replace,
 		Ready: func(info daemon.Info) {
 			if info.Embedded {
 				fmt.Fprintf(stdout, "meshd: node %s serving on embedded NATS at %s\n", info.Node, info.NATSURL)

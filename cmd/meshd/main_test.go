@@ -255,3 +255,44 @@ func TestPlacementWaitFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestIngressCallerRateFlag: --ingress-caller-rate limits one caller's
+// ingress deliveries: a burst beyond the rate's bucket is answered
+// Ignored/storm-breaker, the rest Accepted.
+func TestIngressCallerRateFlag(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	withContainerEnv(t, nil)
+	sig := make(chan os.Signal, 1)
+	var out, errb bytes.Buffer
+	result := make(chan error, 1)
+	code := runWith([]string{"--nats-url", s.ClientURL(), "--name", "rl", "--http=", "--log-level=error",
+		"--ingress-caller-rate", "0.5", "--ingress-caller-burst", "3", "--drain-timeout", "10s"}, &out, &errb, sig,
+		func(daemon.Info) {
+			go func() {
+				defer func() { sig <- os.Interrupt }()
+				verdicts := map[string]int{}
+				for range 8 {
+					m := nats.NewMsg(subjects.DefaultPrefix.Ingress("echo/rl", ""))
+					m.Header.Set(hub.HeaderID, nuid.Next())
+					r, err := nc.RequestMsg(m, 20*time.Second)
+					if err != nil {
+						result <- err
+						return
+					}
+					verdicts[r.Header.Get(verdict.HeaderVerdict)+"/"+r.Header.Get(verdict.HeaderReason)]++
+				}
+				if verdicts["Accepted/"] != 3 || verdicts["Ignored/storm-breaker"] != 5 {
+					result <- fmt.Errorf("8 deliveries at once, burst 3 at 0.5/s: %v, want 3 Accepted and 5 Ignored/storm-breaker", verdicts)
+					return
+				}
+				result <- nil
+			}()
+		})
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if err := <-result; err != nil {
+		t.Error(err)
+	}
+}

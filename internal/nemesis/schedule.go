@@ -30,13 +30,30 @@ const (
 	// for Hold — closed at once, or (Drop) silently dropped — then
 	// restores it.
 	LinkCut FaultKind = "link-cut"
+	// LeaderKill sends SIGKILL to the NATS server that leads one of the
+	// mesh's JetStream buckets at the moment of injection — Target 0 the
+	// registry, 1 the directory, 2 the hub state — and starts it again
+	// after Hold: a leader election in the middle of claims, heartbeats or
+	// saves.
+	LeaderKill FaultKind = "leader-kill"
+	// NodeDrain sends SIGTERM to a node process (a graceful drain: its
+	// activations are settled and handed over, it leaves the registry),
+	// waits for it to exit and starts it again after Hold: a node leaving
+	// and joining mid-burst.
+	NodeDrain FaultKind = "node-drain"
 )
 
-// AllFaultKinds lists every fault kind.
-var AllFaultKinds = []FaultKind{NodeKill, NodeFreeze, ServerLameDuck, ServerKill, LinkCut}
+// LeaderBuckets is how many buckets LeaderKill targets (its Target's range).
+const LeaderBuckets = 3
 
-// OnNode reports whether the fault's Target is a node (else a server).
-func (k FaultKind) OnNode() bool { return k == NodeKill || k == NodeFreeze || k == LinkCut }
+// AllFaultKinds lists every fault kind.
+var AllFaultKinds = []FaultKind{NodeKill, NodeFreeze, ServerLameDuck, ServerKill, LinkCut, LeaderKill, NodeDrain}
+
+// OnNode reports whether the fault's Target is a node (else a server, or
+// for LeaderKill a bucket).
+func (k FaultKind) OnNode() bool {
+	return k == NodeKill || k == NodeFreeze || k == LinkCut || k == NodeDrain
+}
 
 // Fault is one scheduled fault.
 type Fault struct {
@@ -44,11 +61,13 @@ type Fault struct {
 	// is still recovering from the previous fault injects it late.
 	At   time.Duration `json:"at"`
 	Kind FaultKind     `json:"kind"`
-	// Target is the node index (NodeKill, NodeFreeze, LinkCut) or the
-	// server index (ServerLameDuck, ServerKill).
+	// Target is the node index (NodeKill, NodeFreeze, LinkCut, NodeDrain),
+	// the server index (ServerLameDuck, ServerKill), or the bucket
+	// (LeaderKill: 0 registry, 1 directory, 2 hub state).
 	Target int `json:"target"`
 	// Hold is how long the fault lasts before it is healed (0 for
-	// ServerLameDuck: the server restarts once it exited).
+	// ServerLameDuck: the server restarts once it exited; for NodeDrain,
+	// counted from the drained process's exit).
 	Hold time.Duration `json:"hold,omitempty"`
 	// Drop, for LinkCut: drop bytes silently instead of closing.
 	Drop bool `json:"drop,omitempty"`
@@ -57,8 +76,11 @@ type Fault struct {
 // String describes the fault on one line.
 func (f Fault) String() string {
 	target := fmt.Sprintf("server %d", f.Target)
-	if f.Kind.OnNode() {
+	switch {
+	case f.Kind.OnNode():
 		target = fmt.Sprintf("node %d", f.Target)
+	case f.Kind == LeaderKill:
+		target = "the leader of " + [LeaderBuckets]string{"the registry", "the directory", "the hub state"}[f.Target]
 	}
 	s := fmt.Sprintf("%v %s %s", f.At, f.Kind, target)
 	if f.Hold > 0 {
@@ -151,9 +173,12 @@ func Generate(c ScheduleConfig) (Schedule, error) {
 		k := round[0]
 		round = round[1:]
 		f := Fault{At: at, Kind: k}
-		if k.OnNode() {
+		switch {
+		case k.OnNode():
 			f.Target = rng.IntN(c.Nodes)
-		} else {
+		case k == LeaderKill:
+			f.Target = rng.IntN(LeaderBuckets)
+		default:
 			f.Target = rng.IntN(c.Servers)
 		}
 		switch k {
@@ -161,8 +186,10 @@ func Generate(c ScheduleConfig) (Schedule, error) {
 			f.Hold = between(200*time.Millisecond, 3*time.Second)
 		case NodeFreeze:
 			f.Hold = between(c.FreezePast, c.FreezePast+2*time.Second)
-		case ServerKill:
+		case ServerKill, LeaderKill:
 			f.Hold = between(500*time.Millisecond, 4*time.Second)
+		case NodeDrain:
+			f.Hold = between(200*time.Millisecond, 2*time.Second)
 		case LinkCut:
 			f.Hold = between(500*time.Millisecond, 4*time.Second)
 			f.Drop = rng.IntN(2) == 1
