@@ -17,7 +17,9 @@ import (
 	"github.com/natsmesh/natsmesh/internal/nemesis"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/directory"
+	"github.com/natsmesh/natsmesh/mesh/hubstate"
 	"github.com/natsmesh/natsmesh/mesh/membership"
+	"github.com/natsmesh/natsmesh/mesh/reminders"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -429,4 +431,64 @@ func TestSuperclusterClusterLoss(t *testing.T) {
 	}
 	h := n.rec.Finish(time.Now().UnixNano(), turns)
 	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+}
+
+// TestSuperclusterPlacement: with JetStream in both clusters (one domain,
+// the meta group of all six servers), the first node starts on west but
+// names east as the mesh's home cluster (MembershipConfig.PlacementCluster,
+// meshd --kv-cluster): the registry, directory, state and reminders it
+// creates are placed in east, not in the creator's cluster (the server's
+// default, jetstream_cluster.go createGroupForStream).
+func TestSuperclusterPlacement(t *testing.T) {
+	cs, err := startClusters(t, []clusterSpec{{name: "east", n: 3, jetstream: true}, {name: "west", n: 3, jetstream: true}}, ClusterAccountsConf)
+	if err != nil {
+		for _, c := range cs {
+			c.stopAll()
+		}
+		t.Fatal(err)
+	}
+	sc := &Supercluster{Clusters: cs}
+	sc.WaitReady(t)
+	east, west := sc.East(), sc.West()
+	nc, err := nats.Connect(west.URL(), nats.Name(membership.ConnNamePrefix+"creator"), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	n, err := mesh.NewNode(mesh.NodeConfig{
+		Conn: nc, Name: "creator", DisableIngress: true, DisableControl: true, Logger: slog.New(slog.DiscardHandler),
+		Membership: &mesh.MembershipConfig{Heartbeat: testHeartbeat, TTL: testTTL, Replicas: 3, PlacementCluster: east.Name},
+	}, mesh.WithSaturationThreshold(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p := subjects.DefaultPrefix
+	for _, name := range []string{"KV_" + membership.BucketName(p), "KV_" + directory.BucketName(p), "KV_" + hubstate.BucketName(p), reminders.StreamName(p)} {
+		var where string
+		natstest.Eventually(t, 15*time.Second, func() bool {
+			st, err := js.Stream(ctx, name)
+			if err != nil {
+				return false
+			}
+			info, err := st.Info(ctx)
+			if err != nil || info.Cluster == nil {
+				return false
+			}
+			where = info.Cluster.Name
+			return where != ""
+		}, "stream %s exists", name)
+		if where != east.Name {
+			t.Errorf("stream %s placed in %q, want %q", name, where, east.Name)
+		}
+	}
 }

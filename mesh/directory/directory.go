@@ -83,6 +83,9 @@ type Config struct {
 	Prefix subjects.Prefix
 	// Replicas of the bucket (default 1; 3 on a 3-server cluster).
 	Replicas int
+	// PlacementCluster places a bucket this node creates in that NATS
+	// cluster (membership.Config.PlacementCluster); empty: the server's.
+	PlacementCluster string
 	// VerifyInterval is how often claims are re-verified (default 2 s).
 	VerifyInterval time.Duration
 	// VerifyBatch is how many claims one verification request reads: one
@@ -219,6 +222,7 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 		kv, err = membership.BindOrCreate(ctx, js, jetstream.KeyValueConfig{
 			Bucket:      BucketName(cfg.Prefix),
 			Description: "natsmesh address directory",
+			Placement:   membership.Placement(cfg.PlacementCluster),
 			Storage:     jetstream.MemoryStorage,
 			Replicas:    cfg.Replicas,
 			History:     1,
