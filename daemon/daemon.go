@@ -570,6 +570,8 @@ func checkJetStream(ctx context.Context, nc *nats.Conn) error {
 		switch {
 		case err == nil:
 			return nil
+		case deniedJetStream(nc):
+			return fmt.Errorf("%w: this NATS user may not use the JetStream API at %s (%v): meshd needs the node profile's user (SECURITY.md)", ErrInvalidConfig, nc.ConnectedUrlRedacted(), nc.LastError())
 		case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
 			return fmt.Errorf("%w at %s: the membership (node registry and address directory) needs JetStream; enable it for the account, or run --standalone for a one-node mesh", ErrNoJetStream, nc.ConnectedUrlRedacted())
 		case ctx.Err() != nil:
@@ -580,6 +582,14 @@ func checkJetStream(ctx context.Context, nc *nats.Conn) error {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// deniedJetStream reports whether the server refused this connection a
+// publish to the JetStream API (a permissions violation: the user is not
+// the node profile's), which no wait cures.
+func deniedJetStream(nc *nats.Conn) bool {
+	le := nc.LastError()
+	return le != nil && strings.Contains(le.Error(), "Permissions Violation") && strings.Contains(le.Error(), "$JS.API")
 }
 
 // startEmbedded runs a nats-server in this process on cfg.Listen with

@@ -236,3 +236,29 @@ func DrainHolder(ctx context.Context, dir string) (int, error) {
 	}
 	return rec.PID, nil
 }
+
+// CheckDataDir reports whether another process holds dir's lock: the same
+// ErrDataDirInUse error a start on dir would meet, so that a command can
+// say so before it tries anything else (its ports, say). Nil when dir or
+// its lock file does not exist or the lock is free. It takes the lock for
+// a moment to test it.
+func CheckDataDir(dir string) error {
+	path := filepath.Join(dir, LockFile)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil // no lock file: nobody holds it (the start creates it)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder := ""
+		if prev, ok := readHolder(dir); ok {
+			holder = fmt.Sprintf(" (pid %d, node %s)", prev.PID, prev.Name)
+		}
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("%w: %s is held by another meshd%s: give each meshd its own --data-dir", ErrDataDirInUse, dir, holder)
+		}
+		return nil
+	}
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return nil
+}

@@ -89,9 +89,16 @@ func (a *activation) enqueue(e *entry, startTurn bool) error {
 		return verdict.New(verdict.ReasonInboxFull, "inbox of %s is full (%d deliveries)", a.addr, a.host.cfg.InboxSize)
 	}
 	if e.seq == 1 {
-		// An epoch starts: grant its lane what the inbox has room for.
+		// An epoch starts: grant its lane its part of what the inbox has
+		// room for — half the free room, shared with the other lanes the
+		// activation knows (each is granted its own part when its epoch
+		// starts), so that the lanes together are granted at most that.
 		free := a.host.cfg.InboxSize - (len(a.queue) - a.head) - 1
-		e.grant = max(1, min(a.host.cfg.LaneWindow, free/2))
+		lanes := len(a.lanes)
+		if _, known := a.lanes[laneOf(e)]; !known {
+			lanes++
+		}
+		e.grant = max(1, min(a.host.cfg.LaneWindow, free/(2*lanes)))
 	}
 	if a.head > 0 && a.head == len(a.queue) {
 		clear(a.queue)

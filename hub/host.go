@@ -324,13 +324,19 @@ const maxAnswerSubjectLen = 512
 
 var answerMsgPool = sync.Pool{New: func() any { return &answerMsg{msg: nats.Msg{Header: make(nats.Header, 8)}} }}
 
-// Addresses returns the addresses with a live activation, in no order.
+// Addresses returns the addresses with a live activation, in no order: not
+// one that Deactivate closed and that waits for its turn in progress.
 func (h *Host) Addresses() []subjects.Address {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	out := make([]subjects.Address, 0, len(h.activations))
-	for a := range h.activations {
-		out = append(out, a)
+	for addr, a := range h.activations {
+		a.mu.Lock()
+		closed := a.state == stateClosed
+		a.mu.Unlock()
+		if !closed {
+			out = append(out, addr)
+		}
 	}
 	return out
 }

@@ -103,6 +103,16 @@ func (h *Host) dispatch(m *nats.Msg, e *entry) {
 			e.rec = nil
 		}
 		if err == errActivationGone {
+			h.mu.RLock()
+			closing := h.activations[e.To] == a
+			h.mu.RUnlock()
+			if closing {
+				// Deactivate closed it and waits for its turn in
+				// progress: no second activation may start beside that
+				// turn. Nothing was accepted: resendable.
+				h.refuse(m, verdict.New(verdict.ReasonHubShuttingDown, "activation %s on %s is being deactivated; its turn in progress ends first", e.To, h.nodeID))
+				return
+			}
 			continue // collected as idle just now: activate afresh
 		}
 		if err != nil {

@@ -189,3 +189,65 @@ func TestLaneWindowGrant(t *testing.T) {
 		t.Errorf("full but two: grant %q, want 1", g)
 	}
 }
+
+// TestLaneWindowGrantShared: the lanes an activation knows share the free
+// room of its inbox: each lane's grant is its part of half of it, so the
+// lanes together are granted no more than the inbox holds.
+func TestLaneWindowGrantShared(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	release := make(chan struct{})
+	h, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "g", Generation: 1}, InboxSize: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{}, 1)
+	if err := h.Register("slow", func(context.Context, subjects.Address) (Hub, error) {
+		return HandlerFunc(func(context.Context, *Delivery) error {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			<-release
+			return nil
+		}), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { close(release); h.Close() })
+	subj := h.cfg.Prefix.Delivery(h.Node(), "slow/a", "")
+	n := 0
+	grant := func(sender, lane string) string {
+		t.Helper()
+		n++
+		m := nats.NewMsg(subj)
+		m.Header.Set(HeaderID, fmt.Sprintf("s-%d", n))
+		m.Header.Set(HeaderSender, sender)
+		if lane != "" {
+			m.Header.Set(HeaderLane, lane)
+		}
+		r, err := nc.RequestMsg(m, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := verdict.Decode(r.Header); err != nil {
+			t.Fatalf("%s %s: %v", sender, lane, err)
+		}
+		return r.Header.Get(HeaderWindow)
+	}
+	grant("x.1", "")
+	<-started
+	for _, c := range []struct{ sender, lane, want string }{
+		{"a.1", "ea/1", "99"},  // one lane: half of 198 free
+		{"b.1", "eb/1", "49"},  // two lanes: 197 / 4
+		{"c.1", "ec/1", "32"},  // three: 196 / 6
+		{"a.1", "ea2/1", "32"}, // a known lane's new epoch: still three lanes, 195 / 6
+	} {
+		if g := grant(c.sender, c.lane); g != c.want {
+			t.Errorf("%s %s: grant %q, want %s", c.sender, c.lane, g, c.want)
+		}
+	}
+}

@@ -121,6 +121,14 @@ func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release fun
 			return nil, err
 		case stateClosed:
 			a.mu.Unlock()
+			h.mu.RLock()
+			closing := h.activations[addr] == a
+			h.mu.RUnlock()
+			if closing {
+				// Deactivate waits for its turn in progress: so does this
+				// (as Deactivate itself does, a millisecond at a time).
+				time.Sleep(time.Millisecond)
+			}
 			continue // collected or stood down meanwhile: activate it anew
 		}
 		a.holds++
@@ -166,11 +174,14 @@ func (h *Host) serving() error {
 func (h *Host) Deactivate(addr subjects.Address) {
 	h.mu.Lock()
 	a := h.activations[addr]
-	delete(h.activations, addr)
 	h.mu.Unlock()
 	if a == nil {
 		return
 	}
+	// Closed but still the address's activation until its turn in progress
+	// returns: a delivery arriving meanwhile is refused resendable
+	// (dispatch) instead of building a second activation whose turns would
+	// run beside that one.
 	a.close(verdict.New(verdict.ReasonNotOwner, "activation %s on %s stood down before handling", addr, h.nodeID))
 	for {
 		a.mu.Lock()
@@ -181,6 +192,11 @@ func (h *Host) Deactivate(addr subjects.Address) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	h.mu.Lock()
+	if h.activations[addr] == a {
+		delete(h.activations, addr)
+	}
+	h.mu.Unlock()
 	a.deactivate()
 }
 

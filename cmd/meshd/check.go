@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/natsmesh/natsmesh/daemon"
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/natsauth"
 )
@@ -182,6 +183,13 @@ func loopback(listen string) bool {
 // that the error names the setting (the node could not start: exit 2).
 func (o options) preflight() error {
 	e := o.env
+	// A data directory held by another meshd first: the likeliest reason
+	// its ports are taken too is that very process.
+	if o.natsURL == "" || o.dataDirSet {
+		if err := daemon.CheckDataDir(o.dataDir); err != nil {
+			return err
+		}
+	}
 	if o.natsURL == "" {
 		if err := os.MkdirAll(o.dataDir, 0o755); err != nil {
 			return fmt.Errorf("data dir %s: %v", e.Setting("data-dir"), err)

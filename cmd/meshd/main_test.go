@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -294,5 +295,41 @@ func TestIngressCallerRateFlag(t *testing.T) {
 	}
 	if err := <-result; err != nil {
 		t.Error(err)
+	}
+}
+
+// TestSecondMeshdOnTheDataDirNamesIt: the same command run twice (same
+// data directory, same ports) is refused for the data directory, which is
+// what is wrong, not for the ports the first process holds too.
+func TestSecondMeshdOnTheDataDirNamesIt(t *testing.T) {
+	withContainerEnv(t, nil)
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ln.Addr().String()
+	_ = ln.Close()
+	args := []string{"--name", "twice", "--data-dir", dir, "--listen", listen, "--http=", "--log-level=error", "--standalone"}
+	sig := make(chan os.Signal, 1)
+	first := make(chan int, 1)
+	ready := make(chan struct{})
+	go func() {
+		var out, errb bytes.Buffer
+		first <- runWith(args, &out, &errb, sig, func(daemon.Info) { close(ready) })
+	}()
+	select {
+	case <-ready:
+	case code := <-first:
+		t.Fatalf("first meshd exited %d", code)
+	}
+	var out, errb bytes.Buffer
+	code := runWith(args, &out, &errb, make(chan os.Signal, 1), nil)
+	sig <- os.Interrupt
+	if c := <-first; c != 0 {
+		t.Errorf("first meshd exited %d", c)
+	}
+	if code != 2 || !strings.Contains(errb.String(), "data directory in use") || strings.Contains(errb.String(), "cannot listen") {
+		t.Fatalf("second meshd: exit %d, %q; want exit 2 naming the data directory", code, errb.String())
 	}
 }
