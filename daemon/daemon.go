@@ -114,6 +114,11 @@ type Config struct {
 	// (file storage; mesh.MembershipConfig.StateReplicas); zero means
 	// KVReplicas.
 	StateReplicas int
+	// KVCluster places the buckets and streams this node creates in the
+	// NATS cluster of that name (mesh.MembershipConfig.PlacementCluster:
+	// a supercluster's home cluster, DESIGN §12); empty: the server's
+	// default, the creating node's cluster.
+	KVCluster string
 	// StateMaxValueSize is the largest state one address may save, in
 	// bytes (mesh.MembershipConfig.StateMaxValueSize); zero means
 	// hubstate.DefaultMaxValueSize.
@@ -443,7 +448,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if !cfg.Standalone {
 		ncfg.Membership = &mesh.MembershipConfig{
 			Heartbeat: cfg.Heartbeat, TTL: cfg.TTL, FencingDelay: cfg.FencingDelay, Replicas: cfg.KVReplicas,
-			StateReplicas: cfg.StateReplicas, StateMaxValueSize: cfg.StateMaxValueSize,
+			StateReplicas: cfg.StateReplicas, StateMaxValueSize: cfg.StateMaxValueSize, PlacementCluster: cfg.KVCluster,
 			AdvisorySubject: cfg.AdvisorySubject, Replace: cfg.Replace,
 		}
 		if dd != nil {

@@ -126,12 +126,17 @@ type NodeConfig struct {
 // noticed within the fencing delay (docs/operations.md, "Membership
 // timing").
 type MembershipConfig struct {
-	Heartbeat       time.Duration // registry heartbeat (default membership.DefaultHeartbeat, 1 s)
-	TTL             time.Duration // silence while the registry takes writes that declares a node gone (default membership.DefaultTTL, 8 s)
-	FencingDelay    time.Duration // wait after a departure before taking its addresses over (default membership.DefaultFencingDelay, 2 s)
-	Replicas        int           // KV replicas (default 1; 3 on a 3-server cluster)
-	AdvisorySubject string        // client-disconnect advisories (default membership.DefaultAdvisorySubject; "-" disables)
-	VerifyInterval  time.Duration // claim re-verification (default 2 s)
+	Heartbeat    time.Duration // registry heartbeat (default membership.DefaultHeartbeat, 1 s)
+	TTL          time.Duration // silence while the registry takes writes that declares a node gone (default membership.DefaultTTL, 8 s)
+	FencingDelay time.Duration // wait after a departure before taking its addresses over (default membership.DefaultFencingDelay, 2 s)
+	Replicas     int           // KV replicas (default 1; 3 on a 3-server cluster)
+	// PlacementCluster places the buckets and streams this node creates
+	// (registry, directory, state, reminders) in the NATS cluster of that
+	// name: a supercluster's home cluster (DESIGN §12). Empty: the
+	// server's default, the cluster of the first node to create them.
+	PlacementCluster string
+	AdvisorySubject  string        // client-disconnect advisories (default membership.DefaultAdvisorySubject; "-" disables)
+	VerifyInterval   time.Duration // claim re-verification (default 2 s)
 	// Replace lets Start supersede a live, still-heartbeating generation
 	// of the node's name; without it Start fails with
 	// membership.ErrNameInUse before writing to the registry.

@@ -105,7 +105,7 @@ func (n *Node) openReminders(ctx context.Context) error {
 	}
 	var st *reminders.Store
 	err := membership.RetryEach(ctx, n.cfg.Logger, "bind the reminders stream "+reminders.StreamName(n.prefix), func(ctx context.Context) (err error) {
-		st, err = reminders.Open(ctx, reminders.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, Logger: n.cfg.Logger})
+		st, err = reminders.Open(ctx, reminders.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, PlacementCluster: mc.PlacementCluster, Logger: n.cfg.Logger})
 		return err
 	})
 	if err != nil {

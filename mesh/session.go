@@ -108,7 +108,7 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 	inc.announced = n.kindNames()
 	m, err := membership.Join(ctx, membership.Config{
 		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: inc.announced, Version: Version,
-		Heartbeat: mc.Heartbeat, TTL: mc.TTL, FencingDelay: mc.FencingDelay, Replicas: mc.Replicas,
+		Heartbeat: mc.Heartbeat, TTL: mc.TTL, FencingDelay: mc.FencingDelay, Replicas: mc.Replicas, PlacementCluster: mc.PlacementCluster,
 		AdvisorySubject: mc.AdvisorySubject, Replace: mc.Replace || rejoin, // a rejoin replaces its own fenced generation
 		Subscriber:   mc.Subscriber,
 		Predecessors: mc.Predecessors,
@@ -145,7 +145,7 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 	mmu.Unlock()
 	inc.members = m
 	dir, err := directory.Open(ctx, directory.Config{
-		Conn: n.conn, Members: m, Prefix: n.prefix, Replicas: mc.Replicas, VerifyInterval: mc.VerifyInterval,
+		Conn: n.conn, Members: m, Prefix: n.prefix, Replicas: mc.Replicas, PlacementCluster: mc.PlacementCluster, VerifyInterval: mc.VerifyInterval,
 		Logger: n.cfg.Logger,
 		OnLost: func(t hub.ClaimToken) {
 			if h := inc.host; h != nil {
@@ -195,7 +195,7 @@ func (n *Node) openState(ctx context.Context) error {
 	}
 	var st *hubstate.Store
 	err := membership.RetryEach(ctx, n.cfg.Logger, "bind the durable state bucket "+hubstate.BucketName(n.prefix), func(ctx context.Context) (err error) {
-		st, err = hubstate.Open(ctx, hubstate.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, MaxValueSize: mc.StateMaxValueSize, Logger: n.cfg.Logger})
+		st, err = hubstate.Open(ctx, hubstate.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, PlacementCluster: mc.PlacementCluster, MaxValueSize: mc.StateMaxValueSize, Logger: n.cfg.Logger})
 		return err
 	})
 	if err != nil {

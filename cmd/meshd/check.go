@@ -238,3 +238,15 @@ func (o options) loginHint() string {
 	}
 	return "it does not accept " + used + "; check them, or give " + give
 }
+
+// clusterName checks a NATS cluster name: printable ASCII without spaces
+// or the subject metacharacters (the server's own rule for a cluster name
+// is "no spaces"; the mesh also keeps it usable in a subject).
+func clusterName(v string) error {
+	for _, r := range v {
+		if r <= ' ' || r > '~' || r == '.' || r == '*' || r == '>' {
+			return fmt.Errorf("%q is not a NATS cluster name (printable ASCII without spaces, '.', '*' or '>')", v)
+		}
+	}
+	return nil
+}

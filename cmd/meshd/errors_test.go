@@ -123,6 +123,8 @@ func TestEveryVariableNamedInItsError(t *testing.T) {
 		{"MESHD_DATA_DIR", map[string]string{"MESHD_DATA_DIR": filepath.Join(file, "sub")}, 2},
 		{"MESHD_DRAIN_TIMEOUT", map[string]string{"MESHD_DRAIN_TIMEOUT": "-1s"}, 1},
 		{"MESHD_DRAIN_TIMEOUT", map[string]string{"MESHD_DRAIN_TIMEOUT": "10"}, 1},
+		{"MESHD_KV_CLUSTER", map[string]string{"MESHD_KV_CLUSTER": "east west"}, 1},
+		{"MESHD_KV_CLUSTER", map[string]string{"MESHD_KV_CLUSTER": "east.1"}, 1},
 		{"MESHD_HEARTBEAT", map[string]string{"MESHD_HEARTBEAT": "-1s"}, 1},
 		{"MESHD_HEARTBEAT", map[string]string{"MESHD_HEARTBEAT": "10s"}, 1}, // not under the default TTL
 		{"MESHD_HTTP", map[string]string{"MESHD_HTTP": "bogus"}, 1},

@@ -56,6 +56,7 @@ type options struct {
 	replace                                             bool
 	dataDirSet                                          bool // --data-dir (or MESHD_DATA_DIR) given
 	kvReplicas                                          int
+	kvCluster                                           string
 	stateReplicas, stateMaxValue                        int
 	callerRate, clientInboxes                           string
 	callerBurst                                         int
@@ -155,6 +156,7 @@ signal during the drain.`,
 	f.Var(nonNegativeDuration(&o.drainTimeout, daemon.DefaultDrainTimeout), "drain-timeout", "bound on the drain at shutdown")
 	f.BoolVar(&o.standalone, "standalone", false, "a one-node mesh without the membership registry and directory (no JetStream needed)")
 	f.Var(nonNegativeInt(&o.kvReplicas, 1), "kv-replicas", "replicas of the registry and directory KV buckets, used by the node that creates them; 3 on a 3-server cluster")
+	f.Var(checked(&o.kvCluster, optional(clusterName)), "kv-cluster", "place the buckets and streams this node creates in the NATS cluster of this name (a supercluster's home cluster, docs/DESIGN.md \"Beyond one cluster\"); empty: the creating node's cluster")
 	f.Var(nonNegativeInt(&o.stateReplicas, 0), "state-replicas", "replicas of the durable hub state bucket (file storage), used by the node that creates it; 0 means --kv-replicas; 3 on a 3-server cluster")
 	f.Var(nonNegativeInt(&o.stateMaxValue, 0), "state-max-value", "largest durable state one address may save, in bytes; 0 means 1 MiB - 4 KiB (lowered to fit the server's max_payload)")
 	f.Var(nonNegativeDuration(&o.heartbeat, defaultHeartbeat), "heartbeat", "registry heartbeat; 0 means the default")
@@ -311,7 +313,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 		CredsFile: o.creds, NKeyFile: o.nkey, User: o.user, Password: o.password,
 		TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSCA: o.tlsCA,
 		HTTP: o.http, DrainTimeout: o.drainTimeout, Logger: logger,
-		Standalone: o.standalone, KVReplicas: o.kvReplicas, Heartbeat: o.heartbeat, TTL: o.ttl,
+		Standalone: o.standalone, KVReplicas: o.kvReplicas, KVCluster: o.kvCluster, Heartbeat: o.heartbeat, TTL: o.ttl,
 		StateReplicas: o.stateReplicas, StateMaxValueSize: o.stateMaxValue,
 		PlacementWait:     o.placementWait,
 		CallerIdentity:    callerIdentities[o.callerIdentity],

@@ -73,6 +73,7 @@ func main() {
 	hb := flag.Duration("heartbeat", 250*time.Millisecond, "registry heartbeat")
 	ttl := flag.Duration("ttl", time.Second, "registry TTL")
 	replicas := flag.Int("kv-replicas", 1, "KV replicas")
+	kvCluster := flag.String("kv-cluster", "", "the NATS cluster the buckets this node creates are placed in")
 	drain := flag.Duration("drain-timeout", 10*time.Second, "drain deadline")
 	ingress := flag.Bool("ingress", true, "serve the ingress")
 	httpAddr := flag.String("http", "", "metrics address")
@@ -177,7 +178,7 @@ func main() {
 		},
 	})
 	err = daemon.Run(ctx, daemon.Config{
-		Name: *name, NATSURL: *url, KVReplicas: *replicas, Heartbeat: *hb, TTL: *ttl, DrainTimeout: *drain,
+		Name: *name, NATSURL: *url, KVReplicas: *replicas, KVCluster: *kvCluster, Heartbeat: *hb, TTL: *ttl, DrainTimeout: *drain,
 		DisableIngress: !*ingress, HTTP: *httpAddr, Replace: *replace, DataDir: *dataDir,
 		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 		Kinds: map[string]hub.Factory{

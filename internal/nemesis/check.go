@@ -177,22 +177,41 @@ func final(op Op, late map[string][]Late) Outcome {
 // after the freeze began. Nothing can stop a process mid-turn; the design
 // answers a pause with fencing instead — the frozen turn's state save fails
 // once a successor took the state over (DESIGN §7a), which CheckKV judges —
-// so such pairs are excused (Finding.Excused). A frozen node
-// that starts a new turn after it wakes is still a violation. It judges
-// turns.
+// so such pairs are excused (Finding.Excused). Likewise a turn whose
+// process's links were all cut (LinkCut) while it ran: whatever it still
+// does reaches the store only through NATS, where the same fencing answers
+// it (e.g. a state save in flight at the cut waits out its timeout, then
+// fails outcome-unknown; its write, if it ever lands, fails the revision
+// check); a turn started up to PartitionGrace after the cut counts, since
+// the node could not have noticed it yet. A frozen node that starts a turn
+// after the freeze began, or a cut-off one later than that, is still a
+// violation. It judges turns.
 func CheckSingleActivation(h *History) Finding {
 	f := Finding{Checked: len(h.Turns)}
 	freezes := map[string][][2]int64{} // process -> frozen intervals
+	cuts := map[string][][2]int64{}    // process -> cut-off intervals
 	for _, f := range h.Faults {
-		if f.Kind == NodeFreeze && f.Process != "" {
+		switch {
+		case f.Process == "":
+		case f.Kind == NodeFreeze:
 			freezes[f.Process] = append(freezes[f.Process], [2]int64{f.Start, f.End})
+		case f.Kind == LinkCut:
+			cuts[f.Process] = append(cuts[f.Process], [2]int64{f.Start, f.End})
 		}
 	}
-	// frozenMidTurn reports whether o's process froze while o ran, before
-	// t started.
+	// frozenMidTurn reports whether o's process froze, or was cut off,
+	// while o ran, before t started.
 	frozenMidTurn := func(o, t Turn) bool {
 		for _, fz := range freezes[o.Process] {
 			if o.Start <= fz[0] && fz[0] < h.turnEnd(o) && fz[0] <= t.Start {
+				return true
+			}
+		}
+		for _, c := range cuts[o.Process] {
+			// A node notices a closed link within milliseconds: a turn it
+			// started before it could (PartitionGrace) counts as running
+			// at the cut.
+			if o.Start <= c[0]+int64(PartitionGrace) && c[0] < h.turnEnd(o) && c[0] <= t.Start {
 				return true
 			}
 		}
@@ -223,7 +242,7 @@ func CheckSingleActivation(h *History) Finding {
 				v := Violation{Check: "single-activation", Address: a, ID: t.ID,
 					Detail: fmt.Sprintf("%s: %s and %s", what, h.describeTurn(o), h.describeTurn(t))}
 				if !same && frozenMidTurn(o, t) {
-					v.Detail = "a turn frozen mid-way overlaps a successor's: " + v.Detail
+					v.Detail = "a turn frozen or cut off mid-way overlaps a successor's: " + v.Detail
 					f.Excused = append(f.Excused, v)
 					continue
 				}

@@ -74,7 +74,7 @@ func TestSingleActivation(t *testing.T) {
 			turn("c", "k/1", "n2", 2, 400, 410),
 		}}
 		expect(t, CheckSingleActivation, h)
-		if p := CheckSingleActivation(h).Excused; len(p) != 2 || !strings.Contains(p[0].Detail, "frozen mid-way") {
+		if p := CheckSingleActivation(h).Excused; len(p) != 2 || !strings.Contains(p[0].Detail, "frozen or cut off mid-way") {
 			t.Fatalf("excused %v, want the two overlaps", p)
 		}
 	})
@@ -90,6 +90,29 @@ func TestSingleActivation(t *testing.T) {
 		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
 			turn("b", "k/1", "n2", 2, 0, 100),
 			turn("a", "k/1", "n1", 1, 4, 401),
+		}}, "turns of two activations overlap: b on n2.2")
+	})
+	cut := FaultRecord{Fault: Fault{Kind: LinkCut}, Process: "n1#0", Start: ms(5), End: ms(400)}
+	t.Run("good: a turn cut off mid-way while a successor ran", func(t *testing.T) {
+		h := &History{Faults: []FaultRecord{cut}, Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 0, 401),
+			turn("b", "k/1", "n2", 2, 300, 310),
+		}}
+		expect(t, CheckSingleActivation, h)
+		if p := CheckSingleActivation(h).Excused; len(p) != 1 || !strings.Contains(p[0].Detail, "cut off mid-way") {
+			t.Fatalf("excused %v, want the overlap", p)
+		}
+	})
+	t.Run("bad: a turn on another node overlaps one whose links were cut later", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{cut}, Turns: []Turn{
+			turn("b", "k/1", "n2", 2, 0, 100),
+			turn("a", "k/1", "n1", 1, 4, 401),
+		}}, "turns of two activations overlap: b on n2.2")
+	})
+	t.Run("bad: a cut-off node starts a turn after the cut", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{cut}, Turns: []Turn{
+			turn("b", "k/1", "n2", 2, 300, 500),
+			turn("a", "k/1", "n1", 1, 450, 0),
 		}}, "turns of two activations overlap: b on n2.2")
 	})
 	t.Run("good: a turn cut short by its process's death", func(t *testing.T) {

@@ -83,6 +83,9 @@ type Config struct {
 	Prefix subjects.Prefix
 	// Replicas of the bucket (default 1; 3 on a 3-server cluster).
 	Replicas int
+	// PlacementCluster places a bucket this node creates in that NATS
+	// cluster (membership.Config.PlacementCluster); empty: the server's.
+	PlacementCluster string
 	// VerifyInterval is how often claims are re-verified (default 2 s).
 	VerifyInterval time.Duration
 	// VerifyBatch is how many claims one verification request reads: one
@@ -219,6 +222,7 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 		kv, err = membership.BindOrCreate(ctx, js, jetstream.KeyValueConfig{
 			Bucket:      BucketName(cfg.Prefix),
 			Description: "natsmesh address directory",
+			Placement:   membership.Placement(cfg.PlacementCluster),
 			Storage:     jetstream.MemoryStorage,
 			Replicas:    cfg.Replicas,
 			History:     1,
@@ -519,7 +523,11 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 		d.cacheSet(addr, c.Owner)
 		return c.Owner, nil
 	}
-	n, ok := Place(addr, d.members.Hosting(addr.Kind()))
+	// Placement prefers this node's own NATS cluster (DESIGN §12): on a
+	// supercluster a new address starts next to its first sender. Senders
+	// in two clusters may pick two nodes; the claim keeps one activation
+	// and the loser's "not the owner" redirects.
+	n, ok := Place(addr, d.members.HostingNear(addr.Kind(), d.cfg.Conn.ConnectedClusterName()))
 	if !ok {
 		return subjects.NodeID{}, &verdict.Error{Reason: verdict.ReasonNoPlacement, Message: fmt.Sprintf("no live node hosts kind %q", addr.Kind())}
 	}

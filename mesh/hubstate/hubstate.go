@@ -75,6 +75,9 @@ type Config struct {
 	// 1. Use 3 on a three-server cluster. An existing bucket keeps its
 	// own (Open logs a warning when they differ; Store.Replicas says).
 	Replicas int
+	// PlacementCluster places a bucket this node creates in that NATS
+	// cluster (DESIGN §12); empty: the server's default.
+	PlacementCluster string
 	// MaxValueSize is the largest hub state a save takes, in bytes; zero
 	// means DefaultMaxValueSize. It is lowered to what fits the
 	// server's max_payload, and to an existing bucket's limit.
@@ -141,6 +144,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	kcfg := jetstream.KeyValueConfig{
 		Bucket:       BucketName(cfg.Prefix),
 		Description:  "natsmesh durable hub state",
+		Placement:    placement(cfg.PlacementCluster),
 		Storage:      storage,
 		Replicas:     cfg.Replicas,
 		History:      1,
@@ -447,4 +451,12 @@ func pause(ctx context.Context) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// placement returns the JetStream placement in cluster, nil when empty.
+func placement(cluster string) *jetstream.Placement {
+	if cluster == "" {
+		return nil
+	}
+	return &jetstream.Placement{Cluster: cluster}
 }

@@ -21,8 +21,10 @@ import (
 // An existing bucket is used as it is, never reconfigured: the mesh's TTL
 // is the bucket's, set by the first node, so one node with other settings
 // cannot change every node's expiry (Join adapts its heartbeat to it).
-func OpenBucket(ctx context.Context, js jetstream.JetStream, p subjects.Prefix, ttl time.Duration, replicas int) (jetstream.KeyValue, error) {
+// A non-empty cluster places a bucket it creates there (Placement).
+func OpenBucket(ctx context.Context, js jetstream.JetStream, p subjects.Prefix, ttl time.Duration, replicas int, cluster string) (jetstream.KeyValue, error) {
 	return bindOrCreate(ctx, js, jetstream.KeyValueConfig{
+		Placement:      Placement(cluster),
 		Bucket:         BucketName(p),
 		Description:    "natsmesh node registry",
 		Storage:        jetstream.MemoryStorage,
@@ -32,6 +34,16 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, p subjects.Prefix, 
 		LimitMarkerTTL: max(ttl, time.Second),
 		Metadata:       map[string]string{metaTTL: ttl.String()},
 	})
+}
+
+// Placement returns the JetStream placement in the NATS cluster named
+// cluster, or nil (the server's default: the requester's cluster) when it
+// is empty (DESIGN §12: the mesh's streams live in one home cluster).
+func Placement(cluster string) *jetstream.Placement {
+	if cluster == "" {
+		return nil
+	}
+	return &jetstream.Placement{Cluster: cluster}
 }
 
 // RegistryTTL returns the mesh's TTL as the registry bucket records it (in

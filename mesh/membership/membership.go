@@ -126,6 +126,11 @@ type Member struct {
 	// advisory names.
 	ServerID string `json:"server_id,omitempty"`
 	ClientID uint64 `json:"client_id,omitempty"`
+	// Cluster is the NATS cluster of the node's connection
+	// (nats.Conn.ConnectedClusterName), refreshed with every heartbeat:
+	// on a supercluster, placement prefers the sender's cluster (DESIGN
+	// §12, HostingNear).
+	Cluster string `json:"cluster,omitempty"`
 	// Subscriber: a process that only follows sync streams (meshctl
 	// subscribe). It registers so that owners can reach its address, but
 	// it is not a mesh node: listings show it apart and membership
@@ -215,6 +220,12 @@ type Config struct {
 	FencingDelay time.Duration
 	// Replicas of the KV buckets (default 1; use 3 on a 3-server cluster).
 	Replicas int
+	// PlacementCluster, if set, places the registry bucket this node
+	// creates in the NATS cluster of that name (a supercluster's home
+	// cluster, DESIGN §12); empty leaves it to the server, which puts a
+	// new stream in the requesting client's cluster. An existing bucket is
+	// used where it is.
+	PlacementCluster string
 	// AdvisorySubject receives client-disconnect advisories; zero means
 	// DefaultAdvisorySubject, "-" disables listening.
 	AdvisorySubject string
@@ -369,7 +380,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	}
 	var kv jetstream.KeyValue
 	err = RetryEach(ctx, cfg.Logger, "bind the node registry bucket "+BucketName(cfg.Prefix), func(ctx context.Context) (err error) {
-		kv, err = OpenBucket(ctx, js, cfg.Prefix, cfg.TTL, cfg.Replicas)
+		kv, err = OpenBucket(ctx, js, cfg.Prefix, cfg.TTL, cfg.Replicas, cfg.PlacementCluster)
 		return err
 	})
 	if err != nil {

@@ -192,6 +192,9 @@ func (m *Membership) register(ctx context.Context) error {
 		self.Node = subjects.NodeID{Name: name, Generation: gen}
 		self.Supersedes = supersedes
 		self.ServerID, self.ClientID = m.connIdentity()
+		if c := m.cfg.Conn.ConnectedClusterName(); c != "" {
+			self.Cluster = c
+		}
 		self.BeatAt = time.Now().UTC()
 		m.mu.Lock()
 		m.self = self
@@ -303,6 +306,9 @@ func (m *Membership) beat() error {
 	self.Beat++
 	self.BeatAt = time.Now().UTC()
 	self.ServerID, self.ClientID = m.connIdentity()
+	if c := m.cfg.Conn.ConnectedClusterName(); c != "" {
+		self.Cluster = c
+	}
 	b, _ := json.Marshal(self)
 	m.wroteValue(b)
 	reconnects := m.cfg.Conn.Stats().Reconnects

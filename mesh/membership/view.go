@@ -128,6 +128,31 @@ func (m *Membership) Hosting(kind string) []subjects.NodeID {
 	return out
 }
 
+// HostingNear returns the live generations that host kind and take new
+// placements and whose connection is in the NATS cluster named cluster, if
+// there is any; otherwise (or when cluster is empty) it returns
+// Hosting(kind). Sorted by name. On a supercluster a sender places a new
+// address among the nodes of its own cluster first (DESIGN §12): single
+// activation does not depend on it, since the claim decides.
+func (m *Membership) HostingNear(kind, cluster string) []subjects.NodeID {
+	if cluster == "" {
+		return m.Hosting(kind)
+	}
+	m.mu.RLock()
+	var out []subjects.NodeID
+	for _, v := range m.live {
+		if v.Hosts(kind) && !v.Draining && v.Cluster == cluster {
+			out = append(out, v.Node)
+		}
+	}
+	m.mu.RUnlock()
+	if len(out) == 0 {
+		return m.Hosting(kind)
+	}
+	slices.SortFunc(out, func(a, b subjects.NodeID) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
 // OnEvent registers f for every membership event from now on; it returns a
 // function that unregisters it. f runs on the watcher goroutine, one event at
 // a time, never under a lock; it must not block for long.

@@ -123,6 +123,9 @@ type Config struct {
 	// Replicas of the stream and its consumer, used when this process
 	// creates them; zero means 1. Use 3 on a three-server cluster.
 	Replicas int
+	// PlacementCluster places a stream this process creates in that NATS
+	// cluster (DESIGN §12); empty: the server's default.
+	PlacementCluster string
 	// MemoryStorage keeps the stream in memory (tests only: reminders
 	// then do not survive the NATS servers).
 	MemoryStorage bool
@@ -177,6 +180,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	scfg := jetstream.StreamConfig{
 		Name:              s.name,
 		Description:       "natsmesh durable reminders",
+		Placement:         placement(cfg.PlacementCluster),
 		Subjects:          []string{s.base + "s.*.*", s.base + "f.*.*", s.base + "x.*.*"},
 		Retention:         jetstream.WorkQueuePolicy,
 		Storage:           storage,
@@ -531,4 +535,12 @@ func (s *Store) List(ctx context.Context, addr subjects.Address) ([]Reminder, er
 		return strings.Compare(a.Name, b.Name)
 	})
 	return out, nil
+}
+
+// placement returns the JetStream placement in cluster, nil when empty.
+func placement(cluster string) *jetstream.Placement {
+	if cluster == "" {
+		return nil
+	}
+	return &jetstream.Placement{Cluster: cluster}
 }
