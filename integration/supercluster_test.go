@@ -334,6 +334,7 @@ func superSender(t *testing.T, url string, late func(mesh.LateVerdict)) *mesh.No
 // once, timeouts never re-sent), lanes keep order, the registers stay
 // linearizable.
 func TestSuperclusterClusterLoss(t *testing.T) {
+	longTest(t)
 	sc := StartSupercluster(t, 3)
 	sc.WaitReady(t)
 	east, west := sc.East(), sc.West()
@@ -440,6 +441,7 @@ func TestSuperclusterClusterLoss(t *testing.T) {
 // creates are placed in east, not in the creator's cluster (the server's
 // default, jetstream_cluster.go createGroupForStream).
 func TestSuperclusterPlacement(t *testing.T) {
+	longTest(t)
 	cs, err := startClusters(t, []clusterSpec{{name: "east", n: 3, jetstream: true}, {name: "west", n: 3, jetstream: true}}, ClusterAccountsConf)
 	if err != nil {
 		for _, c := range cs {
