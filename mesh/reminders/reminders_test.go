@@ -259,6 +259,7 @@ func TestReminderInvalid(t *testing.T) {
 		{"no schedule", Reminder{Address: "a/b", Name: "n"}},
 		{"two schedules", Reminder{Address: "a/b", Name: "n", Schedule: Schedule{At: time.Now(), Every: time.Second}}},
 		{"short interval", Reminder{Address: "a/b", Name: "n", Schedule: Every(500 * time.Millisecond)}},
+		{"fractional interval", Reminder{Address: "a/b", Name: "n", Schedule: Every(1500 * time.Millisecond)}}, // the server fires it every 2 s
 		{"zone without cron", Reminder{Address: "a/b", Name: "n", Schedule: Schedule{Every: time.Second, TimeZone: "UTC"}}},
 		{"bad zone", Reminder{Address: "a/b", Name: "n", Schedule: Cron("@daily", "Mars/Olympus")}},
 		{"five-field cron", Reminder{Address: "a/b", Name: "n", Schedule: Cron("*/5 * * * *", "")}},

@@ -16,7 +16,8 @@ type Schedule struct {
 	// At fires once at this instant (millisecond precision; a past
 	// instant fires at once). The reminder is gone after it fired.
 	At time.Time
-	// Every fires repeatedly at this interval, at least 1 s, the first
+	// Every fires repeatedly at this interval, a whole number of seconds
+	// and at least 1 s (the server schedules @every in seconds), the first
 	// fire one interval after Set (counted from the server's whole
 	// second).
 	Every time.Duration
@@ -35,7 +36,7 @@ func At(t time.Time) Schedule { return Schedule{At: t} }
 // In returns a one-shot schedule firing d from now (the caller's clock).
 func In(d time.Duration) Schedule { return Schedule{At: time.Now().Add(d)} }
 
-// Every returns a schedule firing every d (at least 1 s).
+// Every returns a schedule firing every d (whole seconds, at least 1 s).
 func Every(d time.Duration) Schedule { return Schedule{Every: d} }
 
 // Cron returns a schedule firing on expr, read in zone (empty: UTC).
@@ -84,6 +85,11 @@ func (s Schedule) pattern() (string, error) {
 	case s.Every != 0:
 		if s.Every < time.Second {
 			return "", fmt.Errorf("%w: interval %v is under the server's minimum of 1s", ErrInvalidReminder, s.Every)
+		}
+		if s.Every%time.Second != 0 {
+			// The server keeps @every on whole seconds: a fraction would
+			// fire on another interval than the one asked, with Due off.
+			return "", fmt.Errorf("%w: interval %v is not a whole number of seconds (the server schedules @every in seconds)", ErrInvalidReminder, s.Every)
 		}
 		return "@every " + s.Every.String(), nil
 	default:
