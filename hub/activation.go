@@ -189,6 +189,7 @@ func (a *activation) handle(hub Hub, e *entry) {
 		ctx, span = h.startTurn(d)
 	}
 	ctx, ti := e.turnContext(ctx, a.addr)
+	defer ti.ended.Store(true) // a ctx kept past the turn carries no chain (ChainOf)
 	if !e.reentrant && !a.readOnly[d.Type] {
 		a.setCurrent(ti)
 		defer a.setCurrent(nil)
@@ -251,6 +252,7 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 		ctx, span = h.startBatchTurn(ds)
 	}
 	ctx, ti := withTurn(ctx, a.addr, ds...)
+	defer ti.ended.Store(true) // a ctx kept past the turn carries no chain (ChainOf)
 	a.setCurrent(ti)
 	defer a.setCurrent(nil)
 	err := func() (err error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nuid"
 
@@ -96,6 +97,7 @@ type turnInfo struct {
 	chain Chain // the chain of the delivery (or batch) the turn handles
 	once  sync.Once
 	id    string
+	ended atomic.Bool // the turn returned: its address waits on nothing any more
 }
 
 // chainID returns the turn's chain ID: its delivery's, or a fresh one for a
@@ -113,12 +115,15 @@ func (t *turnInfo) chainID() string {
 type turnKey struct{}
 
 // ChainOf returns the call chain a Request sent with ctx travels with:
-// when ctx is (derived from) a hub turn's, the chain of the delivery the
-// turn handles with the turn's own address appended; otherwise false. The
+// when ctx is (derived from) a hub turn's and that turn is still running,
+// the chain of the delivery the turn handles with the turn's own address
+// appended; otherwise false. The
 // mesh sender calls it for every Request.
 func ChainOf(ctx context.Context) (Chain, bool) {
 	t, ok := ctx.Value(turnKey{}).(*turnInfo)
-	if !ok {
+	if !ok || t.ended.Load() {
+		// Not a turn's, or its turn returned (a goroutine kept its ctx):
+		// no address of the chain waits on what is sent with it.
 		return Chain{}, false
 	}
 	out := Chain{ID: t.chainID(), Addresses: make([]subjects.Address, 0, len(t.chain.Addresses)+1)}
