@@ -55,7 +55,7 @@ func docsAccounts(t *testing.T, doc string) string {
 func docsProfiles(t *testing.T, doc string, commands []string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	row := regexp.MustCompile("(?m)^\\| (node|operator|client) \\|.*\\| ([^|]*) \\|$")
+	row := regexp.MustCompile(`(?m)^\| (node|operator|client) \|.*\| ([^|]*) \|$`)
 	rows := row.FindAllStringSubmatch(doc, -1)
 	for _, c := range commands {
 		for _, r := range rows {

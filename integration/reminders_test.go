@@ -135,7 +135,7 @@ func TestReminderAcrossOwnerSIGKILL(t *testing.T) {
 	killed := time.Now()
 	nodes[victim].Wait(t, 10*time.Second)
 
-	natstest.Eventually(t, due.Sub(time.Now())+fireLateness, func() bool { return len(execs.fires("count/once")) == 1 },
+	natstest.Eventually(t, time.Until(due)+fireLateness, func() bool { return len(execs.fires("count/once")) == 1 },
 		"the one-shot did not fire after its owner's SIGKILL")
 	natstest.Eventually(t, 30*time.Second, func() bool { return len(execs.fires(string(every))) >= 3 },
 		"the interval did not keep firing after its owner's SIGKILL")

@@ -153,7 +153,8 @@ func TestFairPool(t *testing.T) {
 	if p.acquire("b") {
 		t.Fatal("b took beyond its share over half")
 	}
-	if !p.acquire("c") || !p.acquire("c") || p.acquire("d") {
+	c1, c2 := p.acquire("c"), p.acquire("c")
+	if !c1 || !c2 || p.acquire("d") {
 		t.Fatal("c's share, then a full pool")
 	}
 	for range 4 {
