@@ -213,8 +213,15 @@ func (c *Client) pokeLocked(l *lane) {
 		}
 		t := l.q[i]
 		if s := t.leg; s != nil && s.state == stagedWaiting {
+			epoch := l.epoch
 			if c.publishStagedLocked(l, t) {
 				wakeTicket(t)
+				if l.epoch != epoch {
+					// Its publish failed and broke the epoch: the legs
+					// ahead of it are no longer sent in the current one,
+					// so the cursor is looked for from the head again.
+					i = l.head
+				}
 				continue
 			}
 			s.state = stagedHandoff // its caller sends it itself (no slot free, or a fact to report)
