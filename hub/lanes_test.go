@@ -120,50 +120,8 @@ func TestLaneStateBound(t *testing.T) {
 // is roomy, half its free room while it fills, at least 1; no other reply
 // carries it.
 func TestLaneWindowGrant(t *testing.T) {
-	s := natstest.RunServer(t)
-	nc := natstest.Connect(t, s)
-	release := make(chan struct{})
-	h, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "g", Generation: 1}, InboxSize: 40, LaneWindow: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	started := make(chan struct{}, 1)
-	if err := h.Register("slow", func(context.Context, subjects.Address) (Hub, error) {
-		return HandlerFunc(func(context.Context, *Delivery) error {
-			select {
-			case started <- struct{}{}:
-			default:
-			}
-			<-release
-			return nil
-		}), nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { close(release); h.Close() })
-	subj := h.cfg.Prefix.Delivery(h.Node(), "slow/a", "")
-	n := 0
-	grant := func(lane string) string {
-		t.Helper()
-		n++
-		m := nats.NewMsg(subj)
-		m.Header.Set(HeaderID, fmt.Sprintf("g-%d", n))
-		m.Header.Set(HeaderSender, "snd.1")
-		if lane != "" {
-			m.Header.Set(HeaderLane, lane)
-		}
-		r, err := nc.RequestMsg(m, 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := verdict.Decode(r.Header); err != nil {
-			t.Fatalf("%s: %v", lane, err)
-		}
-		return r.Header.Get(HeaderWindow)
-	}
+	started, grantOf := slowHost(t, Config{InboxSize: 40, LaneWindow: 16})
+	grant := func(lane string) string { t.Helper(); return grantOf("snd.1", lane) }
 	if g := grant(""); g != "" {
 		t.Errorf("a leg without a lane: grant %q", g)
 	}
@@ -194,18 +152,41 @@ func TestLaneWindowGrant(t *testing.T) {
 // room of its inbox: each lane's grant is its part of half of it, so the
 // lanes together are granted no more than the inbox holds.
 func TestLaneWindowGrantShared(t *testing.T) {
+	started, grant := slowHost(t, Config{InboxSize: 200})
+	grant("x.1", "")
+	<-started
+	for _, c := range []struct{ sender, lane, want string }{
+		{"a.1", "ea/1", "99"},  // one lane: half of 198 free
+		{"b.1", "eb/1", "49"},  // two lanes: 197 / 4
+		{"c.1", "ec/1", "32"},  // three: 196 / 6
+		{"a.1", "ea2/1", "32"}, // a known lane's new epoch: still three lanes, 195 / 6
+	} {
+		if g := grant(c.sender, c.lane); g != c.want {
+			t.Errorf("%s %s: grant %q, want %s", c.sender, c.lane, g, c.want)
+		}
+	}
+}
+
+// slowHost starts a host of kind "slow" whose handler holds every turn
+// until the test ends (started is told when the first one runs), and
+// returns a function that sends one leg to slow/a from sender with lane
+// (empty: none), fails the test unless it is accepted, and returns the
+// reply's HeaderWindow.
+func slowHost(t *testing.T, cfg Config) (started <-chan struct{}, grant func(sender, lane string) string) {
+	t.Helper()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	release := make(chan struct{})
-	h, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "g", Generation: 1}, InboxSize: 200})
+	cfg.Conn, cfg.Node = nc, subjects.NodeID{Name: "g", Generation: 1}
+	h, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := make(chan struct{}, 1)
+	st := make(chan struct{}, 1)
 	if err := h.Register("slow", func(context.Context, subjects.Address) (Hub, error) {
 		return HandlerFunc(func(context.Context, *Delivery) error {
 			select {
-			case started <- struct{}{}:
+			case st <- struct{}{}:
 			default:
 			}
 			<-release
@@ -220,11 +201,11 @@ func TestLaneWindowGrantShared(t *testing.T) {
 	t.Cleanup(func() { close(release); h.Close() })
 	subj := h.cfg.Prefix.Delivery(h.Node(), "slow/a", "")
 	n := 0
-	grant := func(sender, lane string) string {
+	return st, func(sender, lane string) string {
 		t.Helper()
 		n++
 		m := nats.NewMsg(subj)
-		m.Header.Set(HeaderID, fmt.Sprintf("s-%d", n))
+		m.Header.Set(HeaderID, fmt.Sprintf("g-%d", n))
 		m.Header.Set(HeaderSender, sender)
 		if lane != "" {
 			m.Header.Set(HeaderLane, lane)
@@ -237,17 +218,5 @@ func TestLaneWindowGrantShared(t *testing.T) {
 			t.Fatalf("%s %s: %v", sender, lane, err)
 		}
 		return r.Header.Get(HeaderWindow)
-	}
-	grant("x.1", "")
-	<-started
-	for _, c := range []struct{ sender, lane, want string }{
-		{"a.1", "ea/1", "99"},  // one lane: half of 198 free
-		{"b.1", "eb/1", "49"},  // two lanes: 197 / 4
-		{"c.1", "ec/1", "32"},  // three: 196 / 6
-		{"a.1", "ea2/1", "32"}, // a known lane's new epoch: still three lanes, 195 / 6
-	} {
-		if g := grant(c.sender, c.lane); g != c.want {
-			t.Errorf("%s %s: grant %q, want %s", c.sender, c.lane, g, c.want)
-		}
 	}
 }
