@@ -55,7 +55,10 @@ func TestDroppedSubscriberResubscribes(t *testing.T) {
 			gaps = append(gaps, fmt.Sprintf("delta %d applied after %d", f.Version, last))
 		}
 		last = f.Version
-		stall := f.Version == 3 && !stalled
+		// The first delta from version 3 on: under load a delivery may
+		// be refused before the stall (the inbox holds one), and the
+		// version it carried is then never applied.
+		stall := !f.Snapshot && f.Version >= 3 && !stalled
 		stalled = stalled || stall
 		mu.Unlock()
 		if stall {
