@@ -12,6 +12,9 @@
 //	<prefix>.rem.f.<address>.<name>   fires the server produced from it, not yet delivered
 //	<prefix>.rem.x.<address>.<name>   the last fire that could not be delivered, or that found no
 //	                                  placement and is still retried (kept 7 days)
+//	<prefix>.rem.i.<address>.<name>   the current incarnation: one message, rolled up on each Set,
+//	                                  tombstoned (expiring after a day) by a Cancel and once a
+//	                                  one-shot's fire was delivered
 //
 // A Set publishes the schedule message (Nats-Schedule, Nats-Schedule-Target
 // naming the fire subject, and the reminder's type, payload and a random
@@ -24,6 +27,14 @@
 // one-shot whose schedule the server purged when it fired is still a
 // reminder (Get, List, Cancel) while its fire is pending or its failure is
 // recorded.
+//
+// Which Set a fire belongs to is decided by its incarnation, never by the
+// reminder's name: a fire is current while the schedule subject holds its
+// incarnation, or — once the server purged a one-shot's schedule — while
+// the incarnation subject does. The incarnation subject is written first
+// on each Set, so a one-shot replaced by another one-shot that has fired
+// too (both schedules purged) cannot make the first one's fire, still
+// waiting or retried, current again.
 //
 // The stream has work-queue retention: a fire leaves it when it is
 // acknowledged. Its one durable consumer ([ConsumerName]) is shared by
@@ -69,6 +80,11 @@ const (
 	HeaderIncarnation = "Mesh-Reminder-Incarnation"
 	// HeaderType is the delivery type of each fire.
 	HeaderType = "Mesh-Reminder-Type"
+	// HeaderTracked marks a schedule written with its incarnation
+	// subject (copied onto its fires): such a fire with neither schedule
+	// nor incarnation subject left is not current (its reminder was
+	// cancelled, or delivered, and the tombstones expired).
+	HeaderTracked = "Mesh-Reminder-Tracked"
 	// HeaderCancelled marks a tombstone (a Cancel).
 	HeaderCancelled = "Mesh-Reminder-Cancelled"
 	// HeaderDue is the due time of a recorded failure (RFC 3339).
@@ -181,7 +197,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		Name:              s.name,
 		Description:       "natsmesh durable reminders",
 		Placement:         placement(cfg.PlacementCluster),
-		Subjects:          []string{s.base + "s.*.*", s.base + "f.*.*", s.base + "x.*.*"},
+		Subjects:          s.streamSubjects(),
 		Retention:         jetstream.WorkQueuePolicy,
 		Storage:           storage,
 		Replicas:          cfg.Replicas,
@@ -203,6 +219,14 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if !st.CachedInfo().Config.AllowMsgSchedules {
 		return nil, fmt.Errorf("%w: stream %s exists without AllowMsgSchedules", ErrInvalidConfig, s.name)
+	}
+	if have := st.CachedInfo().Config; !slices.Contains(have.Subjects, s.base+"i.*.*") {
+		// A stream an earlier version created: add the incarnation
+		// subjects (a stream's subjects may grow in place).
+		have.Subjects = append(slices.Clone(have.Subjects), s.base+"i.*.*")
+		if st, err = js.UpdateStream(ctx, have); err != nil {
+			return nil, fmt.Errorf("reminders: stream %s: add the incarnation subjects: %w", s.name, err)
+		}
 	}
 	s.stream = st
 	s.maxPay = int(cfg.Conn.MaxPayload()) - 4096
@@ -282,6 +306,11 @@ func ValidateName(name string) error {
 	return nil
 }
 
+// streamSubjects are the stream's four subject families.
+func (s *Store) streamSubjects() []string {
+	return []string{s.base + "s.*.*", s.base + "f.*.*", s.base + "x.*.*", s.base + "i.*.*"}
+}
+
 func (s *Store) subject(family string, addr subjects.Address, name string) string {
 	return s.base + family + "." + subjects.EncodeToken(string(addr)) + "." + subjects.EncodeToken(name)
 }
@@ -310,9 +339,12 @@ func (s *Store) parseSubject(subj string) (subjects.Address, string, error) {
 // Set stores r, replacing the reminder of that name at that address (and
 // dropping the replaced one's fires not yet delivered). It returns once the
 // stream acknowledged the write at its replication, with Revision set. It
-// blocks for one JetStream publish, bounded by ctx. Errors match
-// ErrInvalidReminder (nothing written), or are JetStream's. Safe for
-// concurrent use, from any goroutine, a hub's turn included.
+// blocks for two JetStream publishes (the incarnation, then the schedule),
+// bounded by ctx. Errors match ErrInvalidReminder (nothing written), or are
+// JetStream's: then the Set may have taken effect in part (the replaced
+// reminder's waiting one-shot fire dropped, its schedule kept) — set it
+// again. Safe for concurrent use, from any goroutine, a hub's turn
+// included.
 func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 	if err := r.Address.Validate(); err != nil {
 		return r, fmt.Errorf("%w: %w", ErrInvalidReminder, err)
@@ -331,6 +363,17 @@ func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 		return r, err
 	}
 	r.incarnation = nuid.Next()
+	// The incarnation first: from here on no fire of an earlier Set is
+	// current once its schedule is gone. Should the schedule's publish
+	// then fail, the earlier reminder's schedule (if any) still fires; a
+	// one-shot's fire already produced is dropped (the error says the Set
+	// may have taken effect: set it again).
+	im := nats.NewMsg(s.subject("i", r.Address, r.Name))
+	im.Header.Set(HeaderIncarnation, r.incarnation)
+	im.Header.Set(natsRollup, "sub")
+	if _, err := s.js.PublishMsg(ctx, im); err != nil {
+		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, err)
+	}
 	m := nats.NewMsg(s.subject("s", r.Address, r.Name))
 	m.Data = r.Payload
 	m.Header.Set(natsSchedule, pat)
@@ -341,6 +384,7 @@ func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 	}
 	m.Header.Set(HeaderSchedule, pat)
 	m.Header.Set(HeaderIncarnation, r.incarnation)
+	m.Header.Set(HeaderTracked, "1")
 	if r.Type != "" {
 		m.Header.Set(HeaderType, r.Type)
 	}
@@ -365,7 +409,7 @@ func (s *Store) Cancel(ctx context.Context, addr subjects.Address, name string) 
 	if err != nil {
 		return err
 	}
-	families := []string{"s"}
+	families := []string{"s", "i"}
 	if r.LastFailure != nil {
 		families = append(families, "x")
 	}
@@ -429,11 +473,29 @@ func (s *Store) find(ctx context.Context, addr subjects.Address, name string) (R
 			Set: sm.Time.UTC(), Revision: sm.Sequence, incarnation: sm.Header.Get(HeaderIncarnation)}
 		found = true
 	}
+	var im *jetstream.RawStreamMsg // read only once a schedule is gone
+	copyCurrent := func(h nats.Header) (bool, error) {
+		if found {
+			return h.Get(HeaderIncarnation) == r.incarnation, nil
+		}
+		if im == nil && h.Get(HeaderTracked) != "" {
+			if im, err = s.last(ctx, s.subject("i", addr, name)); err != nil {
+				return false, err
+			}
+		}
+		return currentWithoutSchedule(h, im), nil
+	}
 	fm, err := s.last(ctx, s.subject("f", addr, name))
 	if err != nil {
 		return Reminder{}, err
 	}
-	if fm != nil && (!found || fm.Header.Get(HeaderIncarnation) == r.incarnation) {
+	fcur := false
+	if fm != nil {
+		if fcur, err = copyCurrent(fm.Header); err != nil {
+			return Reminder{}, err
+		}
+	}
+	if fcur {
 		if !found {
 			if r, err = fromCopy(addr, name, fm.Header, fm.Data); err != nil {
 				return Reminder{}, err
@@ -448,7 +510,13 @@ func (s *Store) find(ctx context.Context, addr subjects.Address, name string) (R
 	if err != nil {
 		return Reminder{}, err
 	}
-	if xm != nil && xm.Header.Get(HeaderCancelled) == "" && (!found || xm.Header.Get(HeaderIncarnation) == r.incarnation) {
+	xcur := false
+	if xm != nil && xm.Header.Get(HeaderCancelled) == "" {
+		if xcur, err = copyCurrent(xm.Header); err != nil {
+			return Reminder{}, err
+		}
+	}
+	if xcur {
 		if !found {
 			if r, err = fromCopy(addr, name, xm.Header, nil); err != nil {
 				return Reminder{}, err
@@ -470,6 +538,19 @@ func (s *Store) find(ctx context.Context, addr subjects.Address, name string) (R
 		return Reminder{}, notFound
 	}
 	return r, nil
+}
+
+// currentWithoutSchedule reports whether a fire or failure record with
+// headers h is of the current incarnation when the schedule subject holds
+// nothing (a one-shot's, purged by the server when it fired): im, the
+// incarnation subject's message (nil: none), names it. A copy of a schedule
+// written before incarnation subjects existed (no HeaderTracked) is taken
+// as current, as that version did.
+func currentWithoutSchedule(h nats.Header, im *jetstream.RawStreamMsg) bool {
+	if h.Get(HeaderTracked) == "" {
+		return true
+	}
+	return im != nil && im.Header.Get(HeaderIncarnation) == h.Get(HeaderIncarnation)
 }
 
 // fromCopy reads a reminder from a fire or a failure record, which carry
@@ -511,6 +592,9 @@ func (s *Store) List(ctx context.Context, addr subjects.Address) ([]Reminder, er
 	seen := map[key]bool{}
 	out := make([]Reminder, 0, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
+		if strings.HasPrefix(subj, s.base+"i.") {
+			continue // an incarnation alone is no reminder
+		}
 		a, n, err := s.parseSubject(subj)
 		if err != nil {
 			return nil, fmt.Errorf("reminders: list: %w", err)

@@ -268,7 +268,10 @@ func (r *Runner) handle(m jetstream.Msg) {
 		return
 	}
 	// Is the fire's incarnation still current? A Cancel or a later Set
-	// moved the schedule subject on: drop the fire.
+	// moved the schedule subject on: drop the fire. A one-shot's fire
+	// purged its schedule: then the incarnation subject says (a later
+	// one-shot may have fired and purged its own schedule since).
+	var inc *jetstream.RawStreamMsg // the incarnation subject's message, when it was read
 	cur, err := r.s.stream.GetLastMsgForSubject(r.ctx, sched)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
@@ -277,7 +280,18 @@ func (r *Runner) handle(m jetstream.Msg) {
 			r.outcome(f, Dropped, nil)
 			return
 		}
-		// A one-shot's fire purges its schedule: current.
+		if m.Headers().Get(HeaderTracked) != "" {
+			inc, err = r.s.last(r.ctx, r.s.subject("i", f.Address, f.Name))
+			if err != nil {
+				r.retry(m, f, fmt.Errorf("reminders: read incarnation of %s %s: %w", f.Address, f.Name, err))
+				return
+			}
+		}
+		if !currentWithoutSchedule(m.Headers(), inc) {
+			_ = m.Ack()
+			r.outcome(f, Dropped, nil)
+			return
+		}
 	case err != nil:
 		r.retry(m, f, fmt.Errorf("reminders: read schedule %s: %w", sched, err))
 		return
@@ -310,6 +324,9 @@ func (r *Runner) handle(m jetstream.Msg) {
 	cancel()
 	switch {
 	case err == nil:
+		// A one-shot's incarnation ends with its delivery: a tombstone
+		// before the ack, so a redelivery after a lost ack is dropped.
+		r.endIncarnation(f, inc, TombstoneTTL, true)
 		if aerr := m.DoubleAck(r.ctx); aerr != nil && r.ctx.Err() == nil {
 			// The fire will be redelivered; its ID dedupes it.
 			r.s.log.Debug("reminder fire ack", "id", f.ID, "err", aerr)
@@ -328,6 +345,33 @@ func (r *Runner) handle(m jetstream.Msg) {
 		r.retry(m, f, err)
 	default:
 		r.fail(m, f, err)
+		// Kept while its failure record is: it makes the record current.
+		r.endIncarnation(f, inc, FailureTTL, false)
+	}
+}
+
+// endIncarnation marks the end of a one-shot's incarnation whose schedule
+// the server purged (inc: the incarnation subject's message that made its
+// fire current; nil: nothing to end): a tombstone, or the same incarnation
+// again, expiring after ttl, so the incarnation subject does not outlive
+// the reminder. Written only if no Set replaced inc meanwhile (JetStream's
+// expected last subject sequence); a failure to write it is logged and
+// harmless (the incarnation stays until the next Set or Cancel).
+func (r *Runner) endIncarnation(f Fire, inc *jetstream.RawStreamMsg, ttl time.Duration, tombstone bool) {
+	if inc == nil {
+		return
+	}
+	m := nats.NewMsg(inc.Subject)
+	if !tombstone {
+		m.Header.Set(HeaderIncarnation, inc.Header.Get(HeaderIncarnation))
+	}
+	m.Header.Set(natsRollup, "sub")
+	m.Header.Set(natsTTL, ttl.String())
+	m.Header.Set(nats.ExpectedLastSubjSeqHdr, strconv.FormatUint(inc.Sequence, 10))
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := r.s.js.PublishMsg(ctx, m); err != nil {
+		r.s.log.Debug("reminder incarnation not ended", "address", f.Address, "name", f.Name, "err", err)
 	}
 }
 
@@ -385,7 +429,7 @@ func (r *Runner) record(m jetstream.Msg, f Fire, err error, retrying bool) {
 	rec.Header.Set(HeaderIncarnation, h.Get(HeaderIncarnation))
 	rec.Header.Set(HeaderDue, f.Due.UTC().Format(time.RFC3339Nano))
 	rec.Header.Set(HeaderAttempt, strconv.Itoa(f.Attempt))
-	for _, k := range []string{HeaderSchedule, HeaderZone, HeaderType} {
+	for _, k := range []string{HeaderSchedule, HeaderZone, HeaderType, HeaderTracked} {
 		if v := h.Get(k); v != "" {
 			rec.Header.Set(k, v)
 		}
