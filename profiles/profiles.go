@@ -189,13 +189,16 @@ func kvWrite(bucket string) []string {
 // reminderStream is what a node needs of the reminders stream (package
 // mesh/reminders): bind and create it, read schedules (direct get, list by
 // stream info), create and pull from its one durable consumer, and
-// acknowledge fires. Its subjects are under <prefix>., which nodes publish
-// to anyway. Not purge, delete or update: Cancel writes a tombstone.
+// acknowledge fires; update it (a stream an earlier version created gains
+// the incarnation subjects: reminders.Open). Its subjects are under
+// <prefix>., which nodes publish to anyway. Not purge or delete: Cancel
+// writes a tombstone.
 func reminderStream(stream string) []string {
 	c := stream + "." + reminders.ConsumerName
 	return []string{
 		"$JS.API.STREAM.INFO." + stream,
 		"$JS.API.STREAM.CREATE." + stream,
+		"$JS.API.STREAM.UPDATE." + stream,
 		"$JS.API.STREAM.MSG.GET." + stream,
 		"$JS.API.DIRECT.GET." + stream,
 		"$JS.API.DIRECT.GET." + stream + ".>",
