@@ -340,12 +340,15 @@ func (s *Store) parseSubject(subj string) (subjects.Address, string, error) {
 // dropping the replaced one's fires not yet delivered). It returns once the
 // stream acknowledged the write at its replication, with Revision set. It
 // blocks for two JetStream publishes (the incarnation, then the schedule),
-// bounded by ctx. Errors match ErrInvalidReminder (nothing written), or are
+// bounded by ctx. Errors match ErrInvalidReminder (nothing written), ErrNoStore, or are
 // JetStream's: then the Set may have taken effect in part (the replaced
 // reminder's waiting one-shot fire dropped, its schedule kept) — set it
 // again. Safe for concurrent use, from any goroutine, a hub's turn
 // included.
 func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
+	if s == nil {
+		return r, ErrNoStore
+	}
 	if err := r.Address.Validate(); err != nil {
 		return r, fmt.Errorf("%w: %w", ErrInvalidReminder, err)
 	}
@@ -368,13 +371,12 @@ func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 	// then fail, the earlier reminder's schedule (if any) still fires; a
 	// one-shot's fire already produced is dropped (the error says the Set
 	// may have taken effect: set it again).
-	im := nats.NewMsg(s.subject("i", r.Address, r.Name))
-	im.Header.Set(HeaderIncarnation, r.incarnation)
-	im.Header.Set(natsRollup, "sub")
-	if _, err := s.js.PublishMsg(ctx, im); err != nil {
+	iseq, err := s.writeIncarnation(ctx, r.Address, r.Name, r.incarnation)
+	if err != nil {
 		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, err)
 	}
 	m := nats.NewMsg(s.subject("s", r.Address, r.Name))
+	s.expectIncarnation(m, r.Address, r.Name, iseq)
 	m.Data = r.Payload
 	m.Header.Set(natsSchedule, pat)
 	m.Header.Set(natsScheduleTarget, s.subject("f", r.Address, r.Name))
@@ -390,7 +392,7 @@ func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 	}
 	ack, err := s.js.PublishMsg(ctx, m)
 	if err != nil {
-		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, err)
+		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, concurrent(err))
 	}
 	r.Revision = ack.Sequence
 	r.Set = time.Now().UTC()
@@ -402,14 +404,26 @@ func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 // fired), or only a recorded failure: it fires no more, its fires not yet
 // delivered are dropped (one whose delivery is already under way
 // completes) and its failure record is cleared. It blocks for the reads of
-// Get and one or two JetStream publishes, bounded by ctx. Errors match
+// Get and up to three JetStream publishes, bounded by ctx. Errors match ErrNoStore,
 // ErrNotFound (nothing to cancel), ErrInvalidReminder, or are JetStream's.
 func (s *Store) Cancel(ctx context.Context, addr subjects.Address, name string) error {
+	if s == nil {
+		return ErrNoStore
+	}
 	r, err := s.Get(ctx, addr, name)
 	if err != nil {
 		return err
 	}
-	families := []string{"s", "i"}
+	// The incarnation's tombstone first, then the schedule's, only while
+	// the incarnation subject still holds that tombstone (as Set writes
+	// its schedule only while it holds its incarnation): of a Cancel and a
+	// Set that race, the one whose incarnation write came last stands, and
+	// the schedule subject never disagrees with the incarnation subject.
+	iseq, err := s.writeIncarnation(ctx, addr, name, "")
+	if err != nil {
+		return fmt.Errorf("reminders: cancel %s %s: %w", addr, name, err)
+	}
+	families := []string{"s"}
 	if r.LastFailure != nil {
 		families = append(families, "x")
 	}
@@ -418,11 +432,50 @@ func (s *Store) Cancel(ctx context.Context, addr subjects.Address, name string) 
 		m.Header.Set(HeaderCancelled, "true")
 		m.Header.Set(natsRollup, "sub")
 		m.Header.Set(natsTTL, TombstoneTTL.String())
+		s.expectIncarnation(m, addr, name, iseq)
 		if _, err := s.js.PublishMsg(ctx, m); err != nil {
-			return fmt.Errorf("reminders: cancel %s %s: %w", addr, name, err)
+			return fmt.Errorf("reminders: cancel %s %s: %w", addr, name, concurrent(err))
 		}
 	}
 	return nil
+}
+
+// writeIncarnation writes incarnation (empty: a Cancel's tombstone,
+// expiring after TombstoneTTL) on the incarnation subject of (addr, name)
+// and returns its stream sequence.
+func (s *Store) writeIncarnation(ctx context.Context, addr subjects.Address, name, incarnation string) (uint64, error) {
+	m := nats.NewMsg(s.subject("i", addr, name))
+	m.Header.Set(natsRollup, "sub")
+	if incarnation != "" {
+		m.Header.Set(HeaderIncarnation, incarnation)
+	} else {
+		m.Header.Set(HeaderCancelled, "true")
+		m.Header.Set(natsTTL, TombstoneTTL.String())
+	}
+	ack, err := s.js.PublishMsg(ctx, m)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// expectIncarnation makes the publish of m conditional on the incarnation
+// subject of (addr, name) still ending at seq (JetStream's expected last
+// subject sequence, checked on that other subject).
+func (s *Store) expectIncarnation(m *nats.Msg, addr subjects.Address, name string, seq uint64) {
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(seq, 10))
+	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subject("i", addr, name))
+}
+
+// concurrent maps JetStream's wrong-last-sequence refusal of a conditional
+// write to ErrConcurrent.
+func concurrent(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return fmt.Errorf("%w: %w", ErrConcurrent, err)
+	}
+	return err
 }
 
 // Get returns the reminder name of addr: its current schedule, or — once
@@ -430,10 +483,13 @@ func (s *Store) Cancel(ctx context.Context, addr subjects.Address, name string) 
 // fire of it not yet delivered (Pending), or else its recorded failure
 // (LastFailure); Schedule, Type and Payload then come from that fire (the
 // record carries no payload) and Set and Revision are zero. It blocks for
-// up to three direct gets, bounded by ctx. Errors match ErrNotFound (never
+// up to four direct gets, bounded by ctx. Errors match ErrNoStore, ErrNotFound (never
 // set, cancelled, or a one-shot that fired, was delivered and left no
 // failure), ErrInvalidReminder, or are JetStream's.
 func (s *Store) Get(ctx context.Context, addr subjects.Address, name string) (Reminder, error) {
+	if s == nil {
+		return Reminder{}, ErrNoStore
+	}
 	if err := addr.Validate(); err != nil {
 		return Reminder{}, fmt.Errorf("%w: %w", ErrInvalidReminder, err)
 	}
@@ -474,14 +530,16 @@ func (s *Store) find(ctx context.Context, addr subjects.Address, name string) (R
 		found = true
 	}
 	var im *jetstream.RawStreamMsg // read only once a schedule is gone
+	imRead := false
 	copyCurrent := func(h nats.Header) (bool, error) {
 		if found {
 			return h.Get(HeaderIncarnation) == r.incarnation, nil
 		}
-		if im == nil && h.Get(HeaderTracked) != "" {
+		if !imRead {
 			if im, err = s.last(ctx, s.subject("i", addr, name)); err != nil {
 				return false, err
 			}
+			imRead = true
 		}
 		return currentWithoutSchedule(h, im), nil
 	}
@@ -545,10 +603,11 @@ func (s *Store) find(ctx context.Context, addr subjects.Address, name string) (R
 // nothing (a one-shot's, purged by the server when it fired): im, the
 // incarnation subject's message (nil: none), names it. A copy of a schedule
 // written before incarnation subjects existed (no HeaderTracked) is taken
-// as current, as that version did.
+// as current, as that version did, unless the incarnation subject holds
+// anything: then a Set or Cancel of this version came after it.
 func currentWithoutSchedule(h nats.Header, im *jetstream.RawStreamMsg) bool {
 	if h.Get(HeaderTracked) == "" {
-		return true
+		return im == nil
 	}
 	return im != nil && im.Header.Get(HeaderIncarnation) == h.Get(HeaderIncarnation)
 }
@@ -572,8 +631,11 @@ func fromCopy(addr subjects.Address, name string, h nats.Header, payload []byte)
 // subject in the stream, read as Get reads it (a current schedule, a fire
 // not yet delivered, or a recorded failure), cancelled ones left out. It
 // blocks for a stream info and up to three direct gets per reminder,
-// bounded by ctx. Errors match ErrInvalidReminder, or are JetStream's.
+// bounded by ctx. Errors match ErrInvalidReminder, ErrNoStore, or are JetStream's.
 func (s *Store) List(ctx context.Context, addr subjects.Address) ([]Reminder, error) {
+	if s == nil {
+		return nil, ErrNoStore
+	}
 	filter := s.base + "*.*.*"
 	if addr != "" {
 		if err := addr.Validate(); err != nil {

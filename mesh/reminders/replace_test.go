@@ -262,3 +262,25 @@ func mustPattern(t *testing.T, s Schedule) string {
 	}
 	return p
 }
+
+// A nil store (what mesh.Node.Reminders returns without membership) says
+// so, instead of panicking.
+func TestReminderNilStore(t *testing.T) {
+	var st *Store
+	ctx := context.Background()
+	if _, err := st.Set(ctx, Reminder{Address: "a/1", Name: "n", Schedule: Every(time.Second)}); !errors.Is(err, ErrNoStore) {
+		t.Fatalf("Set: %v", err)
+	}
+	if err := st.Cancel(ctx, "a/1", "n"); !errors.Is(err, ErrNoStore) {
+		t.Fatalf("Cancel: %v", err)
+	}
+	if _, err := st.Get(ctx, "a/1", "n"); !errors.Is(err, ErrNoStore) {
+		t.Fatalf("Get: %v", err)
+	}
+	if _, err := st.List(ctx, ""); !errors.Is(err, ErrNoStore) {
+		t.Fatalf("List: %v", err)
+	}
+	if _, err := st.Run(ctx, RunConfig{Deliver: func(context.Context, Fire) error { return nil }}); !errors.Is(err, ErrNoStore) {
+		t.Fatalf("Run: %v", err)
+	}
+}

@@ -146,9 +146,12 @@ type Runner struct {
 
 // Run creates or updates the shared durable consumer and starts taking
 // fires from it. It blocks for the consumer's creation, bounded by ctx;
-// the runner then runs until Stop. Errors match ErrInvalidConfig, or are
+// the runner then runs until Stop. Errors match ErrInvalidConfig, ErrNoStore, or are
 // JetStream's.
 func (s *Store) Run(ctx context.Context, cfg RunConfig) (*Runner, error) {
+	if s == nil {
+		return nil, ErrNoStore
+	}
 	if cfg.Deliver == nil {
 		return nil, fmt.Errorf("%w: Deliver is nil", ErrInvalidConfig)
 	}
@@ -280,12 +283,10 @@ func (r *Runner) handle(m jetstream.Msg) {
 			r.outcome(f, Dropped, nil)
 			return
 		}
-		if m.Headers().Get(HeaderTracked) != "" {
-			inc, err = r.s.last(r.ctx, r.s.subject("i", f.Address, f.Name))
-			if err != nil {
-				r.retry(m, f, fmt.Errorf("reminders: read incarnation of %s %s: %w", f.Address, f.Name, err))
-				return
-			}
+		inc, err = r.s.last(r.ctx, r.s.subject("i", f.Address, f.Name))
+		if err != nil {
+			r.retry(m, f, fmt.Errorf("reminders: read incarnation of %s %s: %w", f.Address, f.Name, err))
+			return
 		}
 		if !currentWithoutSchedule(m.Headers(), inc) {
 			_ = m.Ack()
@@ -327,6 +328,9 @@ func (r *Runner) handle(m jetstream.Msg) {
 		// A one-shot's incarnation ends with its delivery: a tombstone
 		// before the ack, so a redelivery after a lost ack is dropped.
 		r.endIncarnation(f, inc, TombstoneTTL, true)
+		if f.Attempt > 1 {
+			r.clearRetrying(m, f)
+		}
 		if aerr := m.DoubleAck(r.ctx); aerr != nil && r.ctx.Err() == nil {
 			// The fire will be redelivered; its ID dedupes it.
 			r.s.log.Debug("reminder fire ack", "id", f.ID, "err", aerr)
@@ -347,6 +351,31 @@ func (r *Runner) handle(m jetstream.Msg) {
 		r.fail(m, f, err)
 		// Kept while its failure record is: it makes the record current.
 		r.endIncarnation(f, inc, FailureTTL, false)
+	}
+}
+
+// clearRetrying removes the failure record of f once f was delivered, if
+// the record says f is still retried (a no-placement attempt of this very
+// fire): it would keep saying so for its 7 days. A record of another fire,
+// or of a failure for good, stays. Conditional on the record read
+// (expected last subject sequence); a failure is logged and harmless.
+func (r *Runner) clearRetrying(m jetstream.Msg, f Fire) {
+	subj := r.s.subject("x", f.Address, f.Name)
+	x, err := r.s.last(r.ctx, subj)
+	if err != nil || x == nil || x.Header.Get(HeaderRetrying) == "" ||
+		x.Header.Get(HeaderIncarnation) != m.Headers().Get(HeaderIncarnation) ||
+		x.Header.Get(HeaderDue) != f.Due.UTC().Format(time.RFC3339Nano) {
+		return
+	}
+	t := nats.NewMsg(subj)
+	t.Header.Set(HeaderCancelled, "true")
+	t.Header.Set(natsRollup, "sub")
+	t.Header.Set(natsTTL, TombstoneTTL.String())
+	t.Header.Set(nats.ExpectedLastSubjSeqHdr, strconv.FormatUint(x.Sequence, 10))
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := r.s.js.PublishMsg(ctx, t); err != nil {
+		r.s.log.Debug("reminder retry record not cleared", "address", f.Address, "name", f.Name, "err", err)
 	}
 }
 
