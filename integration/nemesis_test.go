@@ -483,11 +483,18 @@ const (
 )
 
 func (n *nemesisRun) startWorkload(seed uint64) *workload {
-	w := &workload{rec: n.rec, sender: n.sender, quit: make(chan struct{})}
-	client := 0
+	return n.startWorkloadFrom(n.sender, seed, 0, "s")
+}
+
+// startWorkloadFrom is startWorkload from sender, its clients numbered
+// from client and its lanes' streams named streams<N> (a second workload
+// beside the first needs lanes of its own: the lane-order check keys on
+// address and stream).
+func (n *nemesisRun) startWorkloadFrom(sender *mesh.Node, seed uint64, client int, streams string) *workload {
+	w := &workload{rec: n.rec, sender: sender, quit: make(chan struct{})}
 	for a := range nemesisLaneAddrs {
 		for s := range nemesisStreams {
-			addr, stream := fmt.Sprintf("nlane/a%d", a), fmt.Sprintf("s%d", s)
+			addr, stream := fmt.Sprintf("nlane/a%d", a), fmt.Sprintf("%s%d", streams, s)
 			pipelined := (a+s)%2 == 1
 			rng := rand.New(rand.NewPCG(seed, uint64(client)))
 			w.wg.Add(1)

@@ -117,3 +117,23 @@ func (c *Cluster) KillAll() {
 		}
 	}
 }
+
+// CutGateways cuts every gateway connection between the clusters (each
+// server's gateway proxy) in mode, with every server up: each cluster goes
+// on alone, its clients' links intact.
+func (sc *Supercluster) CutGateways(mode CutMode) {
+	for _, c := range sc.Clusters {
+		for _, s := range c.servers {
+			s.GatewayProxy.Cut(mode)
+		}
+	}
+}
+
+// RestoreGateways undoes CutGateways.
+func (sc *Supercluster) RestoreGateways() {
+	for _, c := range sc.Clusters {
+		for _, s := range c.servers {
+			s.GatewayProxy.Restore()
+		}
+	}
+}

@@ -335,6 +335,109 @@ func superSender(t *testing.T, url string, late func(mesh.LateVerdict)) *mesh.No
 // linearizable.
 func TestSuperclusterClusterLoss(t *testing.T) {
 	longTest(t)
+	sc, n, addrs := superWorkload(t)
+	west := sc.West()
+	w := n.startWorkload(1)
+	w.progress(t, 200)
+	killed := time.Now()
+	west.KillAll()
+	t.Logf("every west server killed in %v", time.Since(killed))
+	back := servedOnEast(t, n, addrs, killed)
+	t.Logf("every address served on east %v after west's servers were killed (TTL %v)", back, testTTL)
+	w.progress(t, 200)
+	w.stop()
+	n.waitTurnsSettled()
+	turns := n.turns()
+	for _, tr := range turns {
+		if strings.HasPrefix(tr.Node, "w") && tr.Start > killed.Add(100*time.Millisecond).UnixNano() {
+			t.Errorf("a turn started on %s.%d %v after its cluster died: %+v", tr.Node, tr.Generation, time.Duration(tr.Start-killed.UnixNano()), tr)
+		}
+	}
+	// Every west node's links were cut at the kill: a turn it was running
+	// then runs on (e.g. a state save waits out hub.DefaultStateTimeout,
+	// 10 s, past the takeover's 3 s) and may overlap its successor's turns,
+	// fenced by the state's revision check; CheckSingleActivation excuses
+	// only those, and the check above that no turn started on west after
+	// the kill still holds.
+	for _, nd := range n.nodes[2:] {
+		n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
+			Start: killed.UnixNano(), End: time.Now().UnixNano(), Note: "every server of its cluster killed"})
+	}
+	h := n.rec.Finish(time.Now().UnixNano(), turns)
+	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+}
+
+// TestSuperclusterGatewayCut: the workload of TestSuperclusterClusterLoss,
+// but west is cut off by its gateways (silently: every gateway connection
+// stops forwarding) with every server up — west's nodes keep their links,
+// so no link fence stops them. Their heartbeats to the registry (placed in
+// east) go unacknowledged; once that lasts a TTL their registration lease
+// lapses and they start no turn (membership/lease.go), before east's nodes
+// can expire them (the TTL) and take over (a fencing delay later). East
+// serves every address after that, the workload goes on; then the gateways
+// come back, and west's nodes find their registrations gone and rejoin. A
+// second workload from a west client keeps sending to west's nodes
+// throughout (what they accept while the lease has lapsed waits, and is
+// dropped unrun when they rejoin). No
+// turn starts on west between the lease's lapse and the rejoin, and the
+// checkers judge the whole history (no two turns of an address overlap,
+// bar one already running when the lease lapsed; one truthful verdict
+// each; lane order; linearizable registers).
+func TestSuperclusterGatewayCut(t *testing.T) {
+	longTest(t)
+	sc, n, addrs, tcW := superWorkloadWest(t)
+	w := n.startWorkload(1)
+	// West's own callers go on sending to west's nodes through the cut:
+	// without the lease those nodes would go on running their turns.
+	ww := n.startWorkloadFrom(tcW, 2, 1000, "w")
+	w.progress(t, 200)
+	cut := time.Now()
+	sc.CutGateways(CutDrop)
+	lapse := cut.Add(testTTL) // the lease lapses by then: the last acknowledged heartbeat was issued before the cut
+	back := servedOnEast(t, n, addrs, cut)
+	t.Logf("every address served on east %v after the gateways were cut (TTL %v)", back, testTTL)
+	w.progress(t, 200)
+	restored := time.Now()
+	sc.RestoreGateways()
+	w.progress(t, 100)
+	w.stop()
+	ww.stop()
+	n.waitTurnsSettled()
+	turns := n.turns()
+	for _, tr := range turns {
+		if strings.HasPrefix(tr.Node, "w") && tr.Start > lapse.Add(nemesis.PartitionGrace).UnixNano() && tr.Start < restored.UnixNano() {
+			t.Errorf("a turn started on %s.%d %v after the gateways were cut (the lease lapses within %v): %+v",
+				tr.Node, tr.Generation, time.Duration(tr.Start-cut.UnixNano()), testTTL, tr)
+		}
+	}
+	// For the checkers, two cuts per west node: the gateways' (from then
+	// on a delivery it ran may have lost its answer, and its re-send runs
+	// again on east: the at-least-once window of a partition, DESIGN §6),
+	// and the lease's lapse (a turn running then may run on — its state
+	// save cannot reach the bucket and fails at its timeout, fenced by the
+	// revision check — but none starts after it).
+	for _, nd := range n.nodes[2:] {
+		n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
+			Start: cut.UnixNano(), End: restored.UnixNano(), Note: "gateways cut"})
+		n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
+			Start: lapse.UnixNano(), End: restored.UnixNano(), Note: "gateways cut: the registration lease lapsed"})
+	}
+	h := n.rec.Finish(time.Now().UnixNano(), turns)
+	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+}
+
+// superWorkload starts a supercluster (east with JetStream, west without),
+// testnodes e1, e2 on east and w1, w2 on west, a recorded sender on east
+// and a client on west, which activates every workload address on west
+// (recorded as operations of their own clients). It returns the addresses.
+func superWorkload(t *testing.T) (*Supercluster, *nemesisRun, []string) {
+	sc, n, addrs, _ := superWorkloadWest(t)
+	return sc, n, addrs
+}
+
+// superWorkloadWest is superWorkload, and returns west's client too.
+func superWorkloadWest(t *testing.T) (*Supercluster, *nemesisRun, []string, *mesh.Node) {
+	t.Helper()
 	sc := StartSupercluster(t, 3)
 	sc.WaitReady(t)
 	east, west := sc.East(), sc.West()
@@ -361,9 +464,6 @@ func TestSuperclusterClusterLoss(t *testing.T) {
 			}
 		}
 	})
-
-	// The west sender activates every workload address on west (recorded
-	// as operations of their own clients).
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pw := &workload{rec: n.rec, sender: tcW, quit: make(chan struct{})}
@@ -392,46 +492,25 @@ func TestSuperclusterClusterLoss(t *testing.T) {
 			t.Fatalf("priming %s from west: %+v %v", addr, resp.Receipt, err)
 		}
 	}
+	return sc, n, addrs, tcW
+}
 
-	w := n.startWorkload(1)
-	w.progress(t, 200)
-	killed := time.Now()
-	west.KillAll()
-	t.Logf("every west server killed in %v", time.Since(killed))
-	// Every address serves again on east.
+// servedOnEast waits until every address of addrs had a turn on an east
+// node that started after since, and returns how long after since.
+func servedOnEast(t *testing.T, n *nemesisRun, addrs []string, since time.Time) time.Duration {
+	t.Helper()
 	var back time.Duration
 	natstest.Eventually(t, 30*time.Second, func() bool {
 		served := map[string]bool{}
 		for _, tr := range n.turns() {
-			if strings.HasPrefix(tr.Node, "e") && tr.Start > killed.UnixNano() {
+			if strings.HasPrefix(tr.Node, "e") && tr.Start > since.UnixNano() {
 				served[tr.Address] = true
 			}
 		}
-		back = time.Since(killed)
+		back = time.Since(since)
 		return len(served) == len(addrs)
-	}, "every address served on east after the kill")
-	t.Logf("every address served on east %v after west's servers were killed (TTL %v)", back, testTTL)
-	w.progress(t, 200)
-	w.stop()
-	n.waitTurnsSettled()
-	turns := n.turns()
-	for _, tr := range turns {
-		if strings.HasPrefix(tr.Node, "w") && tr.Start > killed.Add(100*time.Millisecond).UnixNano() {
-			t.Errorf("a turn started on %s.%d %v after its cluster died: %+v", tr.Node, tr.Generation, time.Duration(tr.Start-killed.UnixNano()), tr)
-		}
-	}
-	// Every west node's links were cut at the kill: a turn it was running
-	// then runs on (e.g. a state save waits out hub.DefaultStateTimeout,
-	// 10 s, past the takeover's 3 s) and may overlap its successor's turns,
-	// fenced by the state's revision check; CheckSingleActivation excuses
-	// only those, and the check above that no turn started on west after
-	// the kill still holds.
-	for _, nd := range n.nodes[2:] {
-		n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
-			Start: killed.UnixNano(), End: time.Now().UnixNano(), Note: "every server of its cluster killed"})
-	}
-	h := n.rec.Finish(time.Now().UnixNano(), turns)
-	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+	}, "every address served on east after the fault")
+	return back
 }
 
 // TestSuperclusterPlacement: with JetStream in both clusters (one domain,

@@ -33,10 +33,13 @@ func (m *Membership) IsLost() bool {
 // generation of the same name.
 func (m *Membership) Superseded() bool { return m.supersede.Load() }
 
-// Confirmed reports whether this node may start turns now: its link is up
-// and its registration was confirmed by a heartbeat on the connection as it
-// is now. It is false from the moment the link drops until the first good
-// heartbeat after the reconnect, and for good once lost (self-fencing).
+// Confirmed reports whether this node may start turns now: its link is up,
+// its registration was confirmed by a heartbeat on the connection as it is
+// now, and it holds its registration lease (LeaseLapsed). It is false from
+// the moment the link drops until the first good heartbeat after the
+// reconnect, while heartbeats have gone unacknowledged for a TTL with other
+// members' taken (its server cut off from the registry), and for good once
+// lost (self-fencing).
 func (m *Membership) Confirmed() bool {
 	select {
 	case <-m.lost:
@@ -44,6 +47,9 @@ func (m *Membership) Confirmed() bool {
 	default:
 	}
 	if m.cfg.Conn.Status() != nats.CONNECTED {
+		return false
+	}
+	if !m.leaseHeld() {
 		return false
 	}
 	m.mu.RLock()

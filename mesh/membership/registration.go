@@ -259,6 +259,7 @@ func (m *Membership) heartbeat() {
 		err := m.beat()
 		switch {
 		case err == nil:
+			m.resetProbe()
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
 			cur, rev, gerr := m.readEntry(m.ctx, m.cfg.Name)
 			self := m.Self()
@@ -291,6 +292,7 @@ func (m *Membership) heartbeat() {
 		default:
 			if m.ctx.Err() == nil {
 				m.log.Warn("heartbeat failed", "err", err)
+				m.probeRegistry()
 			}
 		}
 	}
