@@ -12,7 +12,10 @@ import (
 
 // Hub is the receiver for one address on one node. Handle is called for one
 // delivery at a time, in acceptance order (actor semantics), never
-// concurrently for the same activation. ctx is cancelled when the host
+// concurrently for the same activation — except where the hub opts in:
+// deliveries of the types a ReadOnly hub names run side by side with each
+// other (never beside an exclusive turn), and a Reentrant hub's turn may be
+// entered again by a request of its own call chain. ctx is cancelled when the host
 // closes. An error returned for a request is sent to the requester as a
 // Failed verdict (verdict.ErrHandler); for a plain delivery it is logged.
 type Hub interface {

@@ -77,6 +77,9 @@ once). Each fire is a delivery of --type with --payload.`,
 					n++
 				}
 			}
+			if zone != "" && cron == "" {
+				return usageErrorf("--zone is only for --cron")
+			}
 			if n != 1 {
 				return usageErrorf("give exactly one of --at, --in, --every and --cron")
 			}
@@ -202,7 +205,7 @@ func printReminders(g *globals, reply mesh.ReminderReply) error {
 		err = writeJSON(g.stdout, reply.Reminders)
 	} else {
 		now := time.Now()
-		t := newTable(g.stdout, "ADDRESS", "NAME", "SCHEDULE", "TYPE", "PAYLOAD", "SET", "PENDING", "LAST FAILURE")
+		t := newTable(g.stdout, "ADDRESS", "NAME", "SCHEDULE", "TYPE", "PAYLOAD BYTES", "SET", "PENDING", "LAST FAILURE")
 		for _, r := range reply.Reminders {
 			failure := ""
 			if r.LastFailure != nil {

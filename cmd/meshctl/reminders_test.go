@@ -74,6 +74,9 @@ func TestRemindersSetRefusesWhatTheServerWould(t *testing.T) {
 		t.Fatalf("five-field cron: %s", r.stderr)
 	}
 	wantCode(t, meshctl(t, s, "", "reminders", "set", "job/a", "c", "--cron", "@fortnightly"), exitUsage)
+	if r := meshctl(t, s, "", "reminders", "set", "job/a", "c", "--every", "5s", "--zone", "Europe/Paris"); r.code != exitUsage || !strings.Contains(r.stderr, "--zone is only for --cron") {
+		t.Fatalf("--zone without --cron: exit %d, %q", r.code, r.stderr)
+	}
 	wantCode(t, meshctl(t, s, "", "reminders", "set", "job/a", "c", "--cron", "0 */5 * * * *"), 0)
 	wantCode(t, meshctl(t, s, "", "reminders", "set", "job/a", "d", "--cron", "@hourly"), 0)
 	for _, args := range [][]string{{"--in", "-5s"}, {"--at", time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)}} {
