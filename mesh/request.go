@@ -293,6 +293,9 @@ func (c *Client) dispatchAnswer(m *nats.Msg) {
 		c.unmatchedAnswer(m, id)
 		return
 	}
+	if c.holdForLeg(m, id, node) {
+		return // its leg to node is still in flight: the leg's outcome decides
+	}
 	if _, err := verdict.Decode(m.Header); err != nil {
 		c.lateVerdicts.Add(1)
 		if c.opts.tracer != nil {
@@ -304,6 +307,67 @@ func (c *Client) dispatchAnswer(m *nats.Msg) {
 			c.log.Warn("late verdict for a delivery", "id", id, "err", err)
 		}
 	}
+}
+
+// holdForLeg holds genuine late verdict m of plain delivery id from node
+// while a leg of id to node is in flight and not yet accepted (its reply
+// lost, late, or overtaken by the answer: they travel on different
+// subscriptions), in that flight's early answers: the leg's outcome decides
+// it (legDone: reported if node accepts the leg or it times out, dropped as
+// stale if the leg is abandoned or refused) — a generation whose leg the
+// sender gave up on, and that another generation then accepted, must not
+// answer the delivery (DESIGN §5). It reports whether m was held (or, past
+// maxEarlyAnswers, dropped). It scans node's flights: only genuine answers
+// that match no Request reach it, which are rare.
+func (c *Client) holdForLeg(m *nats.Msg, id string, node subjects.NodeID) bool {
+	var f *flight
+	c.fl.mu.Lock()
+	for g := range c.fl.byNode[node] {
+		if g.id == id { // stable while g is indexed (flight.use)
+			f = g
+			break
+		}
+	}
+	c.fl.mu.Unlock()
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.id != id || f.request || f.node != node || (f.phase != phaseWaiting && f.phase != phaseSent) {
+		return false // settled (or reused) meanwhile: judged as any late answer
+	}
+	if len(f.early) >= maxEarlyAnswers {
+		c.forgedAnswer(m, id)
+		return true
+	}
+	f.early = append(f.early, m)
+	return true
+}
+
+// settleEarlyLocked decides the answers a plain delivery's flight held
+// while its leg to node was in flight (holdForLeg), now that the leg
+// ended: report (accepted by node, or timed out: node may hold it) or drop
+// as stale (abandoned, refused, no responders). Called with f.mu held;
+// reported answers are dispatched again on another goroutine, once the
+// flight is settled.
+func (c *Client) settleEarlyLocked(f *flight, report bool) {
+	if f.request || len(f.early) == 0 {
+		return
+	}
+	early := f.early
+	f.early = nil
+	if !report {
+		for _, m := range early {
+			c.staleAnswer(m, f.id)
+		}
+		return
+	}
+	go func() {
+		for _, m := range early {
+			c.dispatchAnswer(m)
+		}
+	}()
 }
 
 // unmatchedAnswer counts a genuine answer that matches no pending call.
@@ -464,3 +528,9 @@ func (c *Client) resendLeg(ctx context.Context, d *Delivery, f *flight, node sub
 // errResendStopped: an event or answer was recorded before the re-send
 // left.
 var errResendStopped = errors.New("mesh: re-send stopped by an event")
+
+// timedOut reports whether err is a leg's timeout (DESIGN §3: the callee
+// may hold it), not the caller's cancellation.
+func timedOut(err error) bool {
+	return !errors.Is(err, context.Canceled) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
+}

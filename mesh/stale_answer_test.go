@@ -181,3 +181,119 @@ func TestAbandonedThenAcceptedBySameGeneration(t *testing.T) {
 	x.lateVerdict(t, c.answerTo(), id) // the accepting generation's genuine late verdict
 	natstest.Eventually(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(late) == 1 }, "late verdict of the accepting generation not delivered (stale drops %d)", c.Stats().StaleAnswers)
 }
+
+// TestAnswerBeforeAbandonment (found by a hostile tester): a plain
+// delivery's leg is in flight to x, which holds it (its acceptance reply
+// is lost or late); x sends a genuine late verdict for the delivery while
+// the sender still waits for the leg's reply; then x is reported departed,
+// the leg is abandoned, and the delivery is re-sent to y, which accepts it.
+// x's verdict arrived before the sender gave the leg up, so the abandonment
+// record did not catch it: it was reported to the caller although y, not
+// x, holds the delivery. An answer for a leg still in flight is held until
+// the leg's outcome decides it: dropped as stale when the leg is abandoned
+// (or refused), reported when that generation accepts the leg. Both
+// orders of the verdict and the acceptance, 10 rounds each.
+func TestAnswerBeforeAbandonment(t *testing.T) {
+	s := natstest.RunServer(t)
+	x := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "x", Generation: 1}, "key-x")
+	y := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "y", Generation: 1}, "key-y")
+	var mu sync.Mutex
+	late := map[string][]error{}
+	owner := x.id
+	var ownerMu sync.Mutex
+	res := &countingResolver{fn: func(int, subjects.Address) subjects.NodeID {
+		ownerMu.Lock()
+		defer ownerMu.Unlock()
+		return owner
+	}}
+	c := newClient(t, natstest.Connect(t, s), res, WithRetry(RetryPolicy{MaxRetries: 3, Initial: time.Millisecond, Max: time.Millisecond}), WithLateVerdicts(func(v LateVerdict) {
+		mu.Lock()
+		late[v.ID] = append(late[v.ID], v.Err)
+		mu.Unlock()
+	}))
+	ctx := context.Background()
+	// heldEarly reports whether the flight of id to x holds an answer.
+	heldEarly := func(id string) bool {
+		c.fl.mu.Lock()
+		defer c.fl.mu.Unlock()
+		for f := range c.fl.byNode[x.id] {
+			f.mu.Lock()
+			n := len(f.early)
+			mine := f.id == id
+			f.mu.Unlock()
+			if mine && n > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for round := range 20 {
+		abandon := round%2 == 0
+		ownerMu.Lock()
+		owner = x.id
+		ownerMu.Unlock()
+		c.fl.mu.Lock()
+		delete(c.fl.gone, x.id.Name) // x is alive again for this round
+		c.fl.mu.Unlock()
+		if _, err := c.Deliver(ctx, Delivery{To: "rec/warm"}); err != nil { // the client learns x's key
+			t.Fatal(err)
+		}
+		x.mu.Lock()
+		x.hold = true
+		x.mu.Unlock()
+		id := fmt.Sprintf("early-%d", round)
+		done := make(chan Receipt, 1)
+		go func() {
+			r, err := c.Deliver(ctx, Delivery{To: "rec/a", ID: id})
+			if err != nil {
+				t.Errorf("round %d: %v", round, err)
+			}
+			done <- r
+		}()
+		natstest.Eventually(t, 5*time.Second, func() bool { x.mu.Lock(); defer x.mu.Unlock(); return len(x.held) == 1 }, "leg held by x")
+		x.lateVerdict(t, c.answerTo(), id) // before the leg's outcome
+		natstest.Eventually(t, 5*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return heldEarly(id) || len(late[id]) > 0
+		}, "x's answer not seen")
+		mu.Lock()
+		if n := len(late[id]); n != 0 {
+			t.Fatalf("round %d: x's verdict reported while its leg was still in flight: %v", round, late[id])
+		}
+		mu.Unlock()
+		x.mu.Lock()
+		held := x.held
+		x.hold, x.held = false, nil
+		x.mu.Unlock()
+		if abandon {
+			stale := c.Stats().StaleAnswers
+			ownerMu.Lock()
+			owner = y.id
+			ownerMu.Unlock()
+			c.FailNode(x.id, "test: x departed")
+			if r := <-done; r.Node != y.id {
+				t.Fatalf("round %d: accepted by %v, want y", round, r.Node)
+			}
+			natstest.Eventually(t, 5*time.Second, func() bool { return c.Stats().StaleAnswers == stale+1 }, "x's held answer not dropped as stale")
+			y.lateVerdict(t, c.answerTo(), id)
+		} else {
+			// x answers the leg after all: it accepted, so its verdict stands.
+			r := nats.NewMsg(held[0].Reply)
+			verdict.Encode(r.Header, nil, x.id.String())
+			r.Header.Set(hub.HeaderAnswerKey, x.key)
+			if err := x.nc.PublishMsg(r); err != nil {
+				t.Fatal(err)
+			}
+			if r := <-done; r.Node != x.id {
+				t.Fatalf("round %d: accepted by %v, want x", round, r.Node)
+			}
+		}
+		natstest.Eventually(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(late[id]) == 1 }, "the accepting generation's late verdict not delivered")
+		mu.Lock()
+		if n := len(late[id]); n != 1 {
+			t.Fatalf("round %d: %d late verdicts, want the accepting generation's only", round, n)
+		}
+		mu.Unlock()
+	}
+}

@@ -1,0 +1,559 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/meshtrace"
+	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
+)
+
+// attempts runs the retry ladder in the delivery's lane: each attempt waits
+// for its turn in the lane (lane.go), and an attempt refused out of order is
+// sent again at once in the lane's new epoch without counting as a retry.
+func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, f *flight, t *laneTicket) (Receipt, error) {
+	p := c.opts.retry
+	b := p.backoff()
+	var unplaced time.Time // since when no live node hosts the kind
+	placing := false
+	var last error
+	var node subjects.NodeID
+	sent := false // a leg of this delivery left: waiting again is not "waiting for its lane" only
+	redirected := false
+	unstaged := false // an event ended a staged wait: the attempts wait for their turn unstaged
+	for attempt := 1; ; attempt++ {
+		if attempt > 1 || sent {
+			if n, ok := c.answered(f); ok {
+				// Its response came although a leg's reply was lost: it
+				// was accepted.
+				return Receipt{ID: d.ID, Node: n, Attempts: attempt - 1}, nil
+			}
+			if err := ctx.Err(); errors.Is(err, context.Canceled) {
+				return Receipt{ID: d.ID, Node: node, Attempts: attempt - 1}, errors.Join(err, last)
+			}
+			if !time.Now().Before(deadline) {
+				return Receipt{ID: d.ID, Node: node, Attempts: attempt - 1}, unsent(d, attempt, last)
+			}
+		}
+		// A hot lane's legs are staged (prepared before their turn, then
+		// published by the lane as the cursor reaches them): only when the
+		// owner is known without blocking. Otherwise the attempt waits for
+		// its turn and resolves then, one directory read per lane.
+		var node0 subjects.NodeID
+		staged := false
+		if cr, ok := c.cfg.Resolver.(cachedResolver); ok && c.moving.Load() == nil && !unstaged {
+			node0, staged = cr.Cached(d.To)
+		}
+		var err error
+		if staged {
+			node = node0
+		} else {
+			if err := c.awaitTurn(ctx, deadline, t); err != nil {
+				return c.laneWaitFailed(d, err, sent, attempt, last)
+			}
+			if err = c.awaitMove(ctx, deadline); err == nil {
+				node, err = c.cfg.Resolver.Resolve(ctx, d.To)
+			}
+		}
+		if err == nil {
+			var published bool
+			published, err = c.leg(ctx, deadline, d, f, node, attempt, t, !staged)
+			var lw *errLaneWait
+			if errors.As(err, &lw) {
+				return c.laneWaitFailed(d, lw.err, sent, attempt, last)
+			}
+			if err == errStagedEvent {
+				// Not an attempt: nothing was sent. It waits for its turn
+				// unstaged from now on.
+				unstaged = true
+				attempt--
+				continue
+			}
+			sent = sent || published
+			if c.opts.tracer != nil {
+				traceAttempt(ctx, attempt, node, err)
+			}
+			if err == nil {
+				return Receipt{ID: d.ID, Node: node, Attempts: attempt}, nil
+			}
+			c.legEnded(t)
+			if err == errRewound {
+				attempt-- // nothing was sent: wait for its turn again
+				continue
+			}
+			if errors.Is(err, verdict.ErrOutOfOrder) {
+				// Not accepted because a leg ahead of it was not: sent
+				// again at once in the lane's new epoch, same attempt.
+				last = err
+				attempt--
+				continue
+			}
+			if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, verdict.ErrNotOwner) || errors.Is(err, verdict.ErrDeparted) {
+				c.cfg.Resolver.Invalidate(d.To, node)
+			}
+			if !redirected && c.redirect(d.To, node, err) {
+				// Refused "not the owner" naming the live owner: sent
+				// there at once (once per delivery: two nodes naming
+				// each other back off as any refusal does).
+				redirected = true
+				if attempt <= p.MaxRetries && !c.closing.Load() && time.Now().Before(deadline) {
+					last = fmt.Errorf("mesh: deliver %s to %s (attempt %d, node %s): %w", d.ID, d.To, attempt, node, err)
+					continue
+				}
+			}
+		} else {
+			if c.opts.tracer != nil {
+				traceAttempt(ctx, attempt, node, err) // nothing sent: no placement, directory down
+			}
+			c.legEnded(t)
+		}
+		if node.IsZero() {
+			err = fmt.Errorf("mesh: deliver %s to %s (attempt %d): %w", d.ID, d.To, attempt, err)
+		} else {
+			err = fmt.Errorf("mesh: deliver %s to %s (attempt %d, node %s): %w", d.ID, d.To, attempt, node, err)
+		}
+		last = err
+		if !verdict.IsResendable(err) || attempt > p.MaxRetries || errors.Is(err, verdict.ErrDeadlineUnsent) {
+			return Receipt{ID: d.ID, Node: node, Attempts: attempt}, err
+		}
+		if c.closing.Load() {
+			return Receipt{ID: d.ID, Node: node, Attempts: attempt}, errors.Join(verdict.ErrClosing, err)
+		}
+		wait := b.NextBackOff()
+		if errors.Is(err, verdict.ErrNoPlacement) {
+			// Nothing was sent: a node hosting the kind may join, but a
+			// typo in a kind must not cost the whole ladder.
+			now := c.opts.clock.Now()
+			if !placing {
+				if d.placer != nil && c.opts.placementWait > 0 && !d.placer.unplaced() {
+					return Receipt{ID: d.ID, Attempts: attempt}, fmt.Errorf("%w (no placement wait left for this caller on the ingress: not waited for)", err)
+				}
+				unplaced, placing = now, true
+			}
+			left := c.opts.placementWait - now.Sub(unplaced)
+			if left <= 0 {
+				return Receipt{ID: d.ID, Attempts: attempt}, err
+			}
+			wait = min(wait, left)
+		}
+		if berr := c.backOff(ctx, deadline, f, node, wait); berr != nil {
+			switch {
+			case errors.Is(berr, verdict.ErrClosing):
+				return Receipt{ID: d.ID, Attempts: attempt}, errors.Join(verdict.ErrClosing, err)
+			case errors.Is(berr, context.Canceled):
+				// The caller chose: Failed, not transient.
+				return Receipt{ID: d.ID, Attempts: attempt}, errors.Join(berr, err)
+			}
+			return Receipt{ID: d.ID, Attempts: attempt}, unsent(d, attempt+1, err)
+		}
+		c.retries.Add(1)
+	}
+}
+
+// laneWaitFailed is the verdict of an attempt whose wait for its lane ended
+// with err (awaitTurn, stage) before anything of it was sent: sent says
+// whether an earlier attempt's leg left, last is that attempt's failure.
+func (c *Client) laneWaitFailed(d *Delivery, err error, sent bool, attempt int, last error) (Receipt, error) {
+	if !sent {
+		return Receipt{ID: d.ID}, fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
+	}
+	switch {
+	case errors.Is(err, verdict.ErrClosing):
+		return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(verdict.ErrClosing, last)
+	case errors.Is(err, context.Canceled):
+		return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(err, last)
+	}
+	return Receipt{ID: d.ID, Attempts: attempt - 1}, unsent(d, attempt, last)
+}
+
+// redirect reports whether err refused addr at node "not the owner" naming
+// another generation, which the resolver took as addr's owner (Redirector).
+func (c *Client) redirect(addr subjects.Address, node subjects.NodeID, err error) bool {
+	r, ok := c.cfg.Resolver.(Redirector)
+	if !ok || !errors.Is(err, verdict.ErrNotOwner) {
+		return false
+	}
+	var ve *verdict.Error
+	if !errors.As(err, &ve) {
+		return false
+	}
+	owner, perr := subjects.ParseNodeID(ve.Node)
+	if perr != nil || owner == node {
+		return false
+	}
+	return r.Redirect(addr, owner)
+}
+
+// unsent is the verdict of a delivery whose deadline passed before its
+// attempt could be sent: resendable, Unavailable, never a timeout (no
+// callee holds it). last, the previous attempt's failure, is kept as text
+// only, so that its own class does not mask the fact.
+func unsent(d *Delivery, attempt int, last error) error {
+	msg := fmt.Sprintf("mesh: deliver %s to %s: deadline passed before attempt %d was sent", d.ID, d.To, attempt)
+	if last != nil {
+		msg += " (last failure: " + last.Error() + ")"
+	}
+	return &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: msg}
+}
+
+// backOff waits d before the next attempt, bounded by deadline. It is
+// indexed under the owner the last attempt went to: that owner's departure
+// cuts it short (the next attempt re-resolves at once). It returns nil to go
+// on, verdict.ErrClosing, the caller's context.Canceled, or
+// verdict.ErrDeadlineUnsent.
+func (c *Client) backOff(ctx context.Context, deadline time.Time, f *flight, node subjects.NodeID, d time.Duration) error {
+	sctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	// A departure known before the back-off does not cut it short: the
+	// last attempt met it already, and the next re-resolves anyway. Nor
+	// does a repeated notice of it (one departure is announced by several
+	// events: the advisory, the expiry, the takeover): a flight backing off
+	// from a node known gone is not indexed under it, so that each notice
+	// does not spend an attempt of the ladder at once.
+	at := node
+	if !node.IsZero() && c.knownGone(node) {
+		at = subjects.NodeID{}
+	}
+	c.address(f, at, phaseWaiting, false)
+	defer c.unindex(f)
+	f.mu.Lock()
+	var serr error
+	f.backoff = true
+	if f.ev == evNone {
+		f.cancel = cancel
+		f.mu.Unlock()
+		serr = c.opts.clock.Sleep(sctx, d)
+		f.mu.Lock()
+	}
+	defer f.mu.Unlock()
+	f.cancel = nil
+	switch f.ev {
+	case evDeparted:
+		return nil // re-resolve now
+	case evClosing:
+		return verdict.ErrClosing
+	}
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+		return err
+	}
+	if serr != nil || !time.Now().Before(deadline) {
+		return verdict.ErrDeadlineUnsent
+	}
+	return nil
+}
+
+// answered reports whether a response for Request flight f arrived while
+// its legs' replies did not, and from which node.
+func (c *Client) answered(f *flight) (subjects.NodeID, bool) {
+	if !f.request {
+		return subjects.NodeID{}, false
+	}
+	f.mu.Lock()
+	n := f.node
+	ok := c.takeEarlyLocked(f, n)
+	f.mu.Unlock()
+	if !ok {
+		return subjects.NodeID{}, false
+	}
+	c.address(f, n, phaseAccepted, true)
+	f.mu.Lock()
+	f.wakeLocked()
+	f.mu.Unlock()
+	return n, true
+}
+
+// leg sends one attempt and decodes the verdict of its reply; published
+// says whether the leg left. It is called holding t's lane cursor and
+// passes it on as soon as the leg is published (lane.go). On Accepted a
+// Request's flight stays indexed under node, in phaseAccepted; otherwise
+// the flight leaves the index.
+func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *flight, node subjects.NodeID, attempt int, t *laneTicket, held bool) (published bool, _ error) {
+	lm := getLegMsg()
+	defer putLegMsg(lm)
+	lm.msg.Subject = c.deliverySubject(t.l, d, node)
+	lm.msg.Data = d.Payload
+	lm.set(hdrID, d.ID)
+	if attempt > 1 {
+		lm.set(hdrAttempt, strconv.Itoa(attempt))
+	}
+	lm.set(hdrAnswerTo, c.answerTo())
+	if d.Type != "" {
+		lm.set(hdrType, d.Type)
+	}
+	if d.From != "" {
+		lm.set(hdrFrom, string(d.From))
+	}
+	if f.request {
+		lm.set(hdrExpectResponse, "true")
+	}
+	if d.caller != "" {
+		lm.set(hdrCaller, d.caller)
+	}
+	if d.chain != "" {
+		lm.header().Set(hub.HeaderChain, d.chain)
+	}
+	if d.reminder != "" {
+		h := lm.header()
+		h.Set(hub.HeaderReminder, d.reminder)
+		h.Set(hub.HeaderReminderDue, d.due)
+	}
+	if c.opts.tracer != nil {
+		meshtrace.Inject(ctx, lm.header()) // the delivery's span: the same across its attempts
+	}
+	c.address(f, node, phaseWaiting, true)
+	accepted := false
+	defer func() {
+		if !accepted {
+			c.unindex(f)
+		}
+	}()
+	w := c.replies.register()
+	lm.msg.Reply = w.subject
+	var err error
+	var reply *nats.Msg
+	if !held {
+		// Staged: the lane publishes it when the cursor reaches it.
+		s := &stagedLeg{ctx: ctx, deadline: deadline, f: f, lm: lm, w: w}
+		sent, handoff, perr, werr := c.stage(t, s)
+		switch {
+		case sent:
+			c.observeInFlight(c.inFlight.Load())
+			if perr == nil {
+				published = true
+				reply, err = c.awaitReply(ctx, f, w, s.wake)
+			} else {
+				err = publishFailed(perr)
+			}
+			c.replies.forget(w)
+			c.observeInFlight(c.inFlight.Add(-1))
+			<-c.sem
+			return c.legEnd(t, d, f, node, published, reply, err, &accepted)
+		case !handoff:
+			c.replies.forget(w)
+			return false, werr
+		}
+		// Handed back: t holds the cursor; send it as any held leg.
+	}
+	// A slot is charged from the moment the leg is sent (DESIGN §4).
+	select {
+	case c.sem <- struct{}{}:
+	default:
+		if err := c.waitSlot(ctx, deadline, f); err != nil {
+			c.replies.forget(w)
+			return false, err
+		}
+	}
+	legTimeout := min(c.opts.legTimeout, time.Until(deadline))
+	f.mu.Lock()
+	if err := f.causeLocked(); err != nil {
+		f.mu.Unlock()
+		<-c.sem
+		c.replies.forget(w)
+		return false, err
+	}
+	// Nothing has left yet: a caller's deadline that passed (or its
+	// cancellation) before this point sends nothing — a leg sent after the
+	// deadline would only time out, reading "the callee may hold it".
+	if legTimeout <= 0 {
+		f.mu.Unlock()
+		<-c.sem
+		c.replies.forget(w)
+		return false, &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed before the leg was sent"}
+	}
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+		f.mu.Unlock()
+		<-c.sem
+		c.replies.forget(w)
+		return false, fmt.Errorf("cancelled before the leg was sent: %w", err)
+	}
+	// An event (departure, link drop, closing) ends the wait for the reply
+	// through f.wake: no per-leg context.
+	f.phase, f.cancel = phaseSent, nil
+	wake := f.wake
+	f.mu.Unlock()
+
+	n := c.inFlight.Add(1)
+	for peak := c.peakInFlight.Load(); n > peak && !c.peakInFlight.CompareAndSwap(peak, n); peak = c.peakInFlight.Load() {
+	}
+	c.observeInFlight(n)
+	w.timer.Reset(legTimeout) // the leg's own timeout, on the slot's pooled timer
+	err = c.publishInLane(t, lm)
+	if err == nil {
+		published = true
+		reply, err = c.awaitReply(ctx, f, w, wake)
+	} else if err != errRewound {
+		err = publishFailed(err)
+	}
+	c.replies.forget(w)
+	c.observeInFlight(c.inFlight.Add(-1))
+	<-c.sem
+	return c.legEnd(t, d, f, node, published, reply, err, &accepted)
+}
+
+// legEnd is legDone, then the receiver's window grant in the reply of an
+// epoch's first leg is applied (outside the flight's lock: lock order is a
+// lane's mutex, then a flight's).
+func (c *Client) legEnd(t *laneTicket, d *Delivery, f *flight, node subjects.NodeID, published bool, reply *nats.Msg, err error, accepted *bool) (bool, error) {
+	published, err = c.legDone(d, f, node, published, reply, err, accepted)
+	if err == nil && reply != nil && t.first {
+		c.granted(t, reply)
+	}
+	return published, err
+}
+
+// legDone decodes the outcome of a leg that was published (or whose
+// publish failed): the reply's verdict, or err — the timeout, the event
+// recorded on f, the caller's cancellation, no responders. *accepted is set
+// when a Request's flight stays indexed as accepted.
+func (c *Client) legDone(d *Delivery, f *flight, node subjects.NodeID, published bool, reply *nats.Msg, err error, accepted *bool) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err == nil {
+		// The reply is the fact, whatever else happened meanwhile.
+		if _, verr := verdict.Decode(reply.Header); verr != nil {
+			f.phase = phaseWaiting // refused: the callee holds nothing
+			c.settleEarlyLocked(f, false)
+			return true, verr
+		}
+		c.learned(node, reply)
+		if c.gaveUp.n.Load() > 0 {
+			c.gaveUp.accepted(d.ID, node) // accepted after all: its answers are taken again
+		}
+		*accepted = f.request
+		if f.request {
+			f.phase = phaseAccepted
+			if f.ev == evMoved {
+				// The owner's connection moved with the leg in flight, yet
+				// its reply arrived: the acceptance was not lost, but the
+				// response may be; the move stays recorded, so the awaited
+				// request is re-sent at once (awaitResponse).
+				f.evErr = nil
+			}
+			c.takeEarlyLocked(f, node)
+		} else {
+			f.phase = phaseDone
+			c.settleEarlyLocked(f, true)
+		}
+		return true, nil
+	}
+	if f.request && c.takeEarlyLocked(f, node) {
+		// Its genuine answer came although the reply was lost (node's
+		// answer key was known from an earlier acceptance): accepted.
+		*accepted = true
+		f.phase = phaseAccepted
+		return published, nil
+	}
+	if cause := f.causeLocked(); cause != nil {
+		f.phase = phaseWaiting
+		if published {
+			// Given up without its acceptance: node's answers for this
+			// delivery are not to be taken from now on.
+			c.gaveUp.add(d.ID, node)
+		}
+		c.settleEarlyLocked(f, false)
+		return published, cause // the owner departed, the link dropped, the client closed
+	}
+	f.phase = phaseWaiting
+	// A timeout leaves the delivery with node (it may hold it): what it
+	// answered stands. No responders, a failed publish, the caller's
+	// cancellation: node holds nothing of this leg.
+	c.settleEarlyLocked(f, published && timedOut(err))
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return false, payloadTooLarge(len(d.Payload), c.cfg.Conn.MaxPayload())
+	}
+	return published, err // a timeout (the callee may hold it), the caller's cancellation, no responders
+}
+
+// publishFailed is the verdict of a leg whose publish returned err: nothing
+// of it was sent (a publish that fails leaves nothing the server can
+// deliver). A fault of the message itself (too large, a bad subject) stays
+// terminal; anything else is this sender's own link failing — nats.go
+// returns a socket's raw error ("write: broken pipe") from a publish that
+// flushes — and is resendable after the reconnect, the same delivery ID,
+// as nats.ErrDisconnected (DESIGN §3). It is never a timeout: the callee
+// holds nothing.
+func publishFailed(err error) error {
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject), errors.Is(err, nats.ErrInvalidMsg),
+		errors.Is(err, nats.ErrHeadersNotSupported), errors.Is(err, nats.ErrInvalidConnection):
+		return err
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionDraining):
+		return fmt.Errorf("publishing the leg (nothing was sent): %w", err) // resendable already (verdict)
+	}
+	return fmt.Errorf("own NATS link failed publishing the leg, nothing was sent: %w: %w", nats.ErrDisconnected, err)
+}
+
+// awaitReply waits for the reply to a published leg: the reply (NATS no
+// responders as nats.ErrNoResponders), or context.DeadlineExceeded when
+// w's timer (the leg timeout) fires, or ctx's error, or context.Canceled
+// when an event is recorded on f (wake closed; the caller reads the event's
+// verdict under f.mu). A reply already there when an event is recorded is
+// the fact.
+func (c *Client) awaitReply(ctx context.Context, f *flight, w *legWait, wake <-chan struct{}) (*nats.Msg, error) {
+	for {
+		select {
+		case m := <-w.ch:
+			return replyOf(m)
+		case <-wake:
+			f.mu.Lock()
+			ev := f.ev
+			f.mu.Unlock()
+			if ev == evNone {
+				wake = nil // woken by an answer, not an event: the reply is still awaited
+				continue
+			}
+			select {
+			case m := <-w.ch:
+				return replyOf(m)
+			default:
+			}
+			return nil, context.Canceled
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-w.timer.C:
+			return nil, context.DeadlineExceeded
+		}
+	}
+}
+
+func replyOf(m *nats.Msg) (*nats.Msg, error) {
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		return nil, nats.ErrNoResponders
+	}
+	return m, nil
+}
+
+// waitSlot waits for an in-flight slot. The verdict of a wait that ends
+// without one follows from the facts under f.mu: the first event recorded
+// (departed: resendable; closing), else the caller's cancellation (Failed),
+// else the deadline (verdict.ErrDeadlineUnsent: nothing was sent).
+func (c *Client) waitSlot(ctx context.Context, deadline time.Time, f *flight) error {
+	timer := deadlineTimer(deadline) // not a context per wait
+	defer releaseTimer(timer)
+	f.mu.Lock()
+	wake := f.wake
+	f.mu.Unlock()
+	select {
+	case c.sem <- struct{}{}:
+		return nil // an event meanwhile is read by the caller
+	case <-wake:
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.causeLocked(); err != nil {
+		return fmt.Errorf("waiting for an in-flight slot: %w", err)
+	}
+	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+		return fmt.Errorf("waiting for an in-flight slot: %w", err)
+	}
+	return &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for an in-flight slot"}
+}
