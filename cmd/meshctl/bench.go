@@ -3,25 +3,18 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"math"
-	"os"
 	"slices"
-	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/mattn/go-isatty"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/natsmesh/natsmesh/internal/loadgen"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/profiles"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -36,44 +29,15 @@ type benchFlags struct {
 	baseline bool
 }
 
-// benchResult is one run of the bench: mesh deliveries or raw requests.
-type benchResult struct {
-	Target         string  `json:"target"`
-	Node           string  `json:"node,omitempty"`
-	Deliveries     int     `json:"deliveries"`
-	Concurrency    int     `json:"concurrency"`
-	Size           int     `json:"size"`
-	ElapsedSeconds float64 `json:"elapsed_seconds"`
-	PerSecond      float64 `json:"per_second"`
-	P50Ms          float64 `json:"p50_ms"`
-	P90Ms          float64 `json:"p90_ms"`
-	P99Ms          float64 `json:"p99_ms"`
-	MaxMs          float64 `json:"max_ms"`
-	// Verdicts counts the deliveries by verdict and reason:
-	// "Accepted", "ShuttingDown/no-responders", "Failed/timeout", ...
-	Verdicts map[string]int `json:"verdicts"`
-	Timeouts int            `json:"timeouts"`
-	// Unfinished deliveries were in flight when the run stopped: no
-	// verdict, outcome unknown.
-	Unfinished   int `json:"unfinished,omitempty"`
-	PeakInFlight int `json:"peak_legs_in_flight,omitempty"`
-	// Aborted says why the run stopped before all deliveries (too many
-	// failures: the target is gone or refusing).
-	Aborted string `json:"aborted,omitempty"`
-
-	elapsed            time.Duration
-	p50, p90, p99, max time.Duration
-}
-
 type benchRatio struct {
 	Throughput float64 `json:"throughput"` // mesh/raw deliveries per second
 	P50        float64 `json:"p50"`        // mesh/raw median latency
 }
 
 type benchOutput struct {
-	Mesh  *benchResult `json:"mesh"`
-	Raw   *benchResult `json:"raw,omitempty"`
-	Ratio *benchRatio  `json:"ratio,omitempty"`
+	Mesh  *loadgen.Result `json:"mesh"`
+	Raw   *loadgen.Result `json:"raw,omitempty"`
+	Ratio *benchRatio     `json:"ratio,omitempty"`
 }
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -204,7 +168,7 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 		defer close(watchDone)
 		watchTarget(wctx, g, nc, target, stopWatch)
 	}()
-	out.Mesh = measure(wctx, g, "mesh", f, func(ctx context.Context, lane int) error {
+	out.Mesh = loadgen.Run(wctx, loadgen.Spec{Name: "mesh", N: f.n, C: f.c, Size: f.size, Progress: g.stderr}, func(ctx context.Context, lane int) error {
 		ctx, cancel := context.WithTimeout(ctx, g.timeout)
 		defer cancel()
 		_, err := client.Deliver(ctx, mesh.Delivery{To: addr, Stream: streams[lane], Payload: payload})
@@ -231,7 +195,7 @@ func runBench(ctx context.Context, g *globals, f benchFlags) error {
 			return err
 		}
 		out.Raw = raw
-		out.Ratio = &benchRatio{Throughput: ratio(out.Mesh.PerSecond, raw.PerSecond), P50: ratio(out.Mesh.P50Ms, raw.P50Ms)}
+		out.Ratio = &benchRatio{Throughput: loadgen.Ratio(out.Mesh.PerSecond, raw.PerSecond), P50: loadgen.Ratio(out.Mesh.P50Ms, raw.P50Ms)}
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -312,13 +276,8 @@ const (
 	watchGoneEvery = 100 * time.Millisecond
 )
 
-// errTargetGone is the cause a run stops with when its target went away.
-type errTargetGone struct{ why string }
-
-func (e errTargetGone) Error() string { return e.why }
-
 // watchTarget pings target's control endpoint until ctx ends and calls stop
-// with errTargetGone once the target generation no longer answers: no
+// with a loadgen.Stop once the target generation no longer answers: no
 // responders (its process is gone), another generation answering under its
 // name, or watchMisses pings in a row unanswered (frozen or cut off). A
 // target that serves no control endpoint from the start is not watched.
@@ -359,20 +318,20 @@ func watchTarget(ctx context.Context, g *globals, nc *nats.Conn, target subjects
 			}
 			continue
 		case gone:
-			stop(errTargetGone{fmt.Sprintf("target node %s is gone (no responders on its control subject for %v)", target, watchGoneFor)})
+			stop(&loadgen.Stop{Why: fmt.Sprintf("target node %s is gone (no responders on its control subject for %v)", target, watchGoneFor)})
 			return
 		case len(msgs) > 0:
-			stop(errTargetGone{fmt.Sprintf("target node %s is gone (another generation of %s answers)", target, target.Name)})
+			stop(&loadgen.Stop{Why: fmt.Sprintf("target node %s is gone (another generation of %s answers)", target, target.Name)})
 			return
 		case !nc.IsConnected():
 			// This run's own connection is reconnecting: silence (or an
 			// error of the ping) says nothing about the target.
 		case err != nil:
-			stop(errTargetGone{fmt.Sprintf("watching target node %s: %v", target, err)})
+			stop(&loadgen.Stop{Why: fmt.Sprintf("watching target node %s: %v", target, err)})
 			return
 		default:
 			if misses++; misses >= watchMisses {
-				stop(errTargetGone{fmt.Sprintf("target node %s did not answer its control ping for %v", target, watchMisses*watchEvery)})
+				stop(&loadgen.Stop{Why: fmt.Sprintf("target node %s did not answer its control ping for %v", target, watchMisses*watchEvery)})
 				return
 			}
 		}
@@ -386,7 +345,7 @@ func watchTarget(ctx context.Context, g *globals, nc *nats.Conn, target subjects
 
 // benchRaw runs the baseline: plain requests to a responder on its own
 // connection that answers Accepted at once.
-func benchRaw(ctx context.Context, g *globals, nc *nats.Conn, f benchFlags, payload []byte) (*benchResult, error) {
+func benchRaw(ctx context.Context, g *globals, nc *nats.Conn, f benchFlags, payload []byte) (*loadgen.Result, error) {
 	rc, err := g.connect("meshctl bench responder")
 	if err != nil {
 		return nil, err
@@ -405,7 +364,7 @@ func benchRaw(ctx context.Context, g *globals, nc *nats.Conn, f benchFlags, payl
 	if err := rc.Flush(); err != nil {
 		return nil, natsError(err, "baseline responder")
 	}
-	r := measure(ctx, g, "raw", f, func(ctx context.Context, _ int) error {
+	r := loadgen.Run(ctx, loadgen.Spec{Name: "raw", N: f.n, C: f.c, Size: f.size, Progress: g.stderr}, func(ctx context.Context, _ int) error {
 		ctx, cancel := context.WithTimeout(ctx, g.timeout)
 		defer cancel()
 		reply, err := nc.RequestWithContext(ctx, subject, payload)
@@ -417,216 +376,6 @@ func benchRaw(ctx context.Context, g *globals, nc *nats.Conn, f benchFlags, payl
 	})
 	r.Target = subject
 	return r, nil
-}
-
-// measure runs f.n calls of op over f.c lanes (each lane sequential, lanes
-// concurrent) and summarises them.
-func measure(ctx context.Context, g *globals, name string, f benchFlags, op func(ctx context.Context, lane int) error) *benchResult {
-	type laneResult struct {
-		lat      []time.Duration
-		verdicts map[string]int
-		timeouts int
-	}
-	lanes := make([]laneResult, f.c)
-	var done, accepted, failed, inARow, unfinished atomic.Int64
-	// A run whose target went away would otherwise sit in the retry
-	// ladder for every remaining delivery: stop after a run of failures
-	// with no success among them.
-	maxInARow := int64(max(20, 2*f.c))
-	outer := ctx
-	ctx, abort := context.WithCancel(ctx)
-	defer abort()
-	var aborted atomic.Bool
-	stopBar := progress(g.stderr, name, f.n, &done, &accepted)
-	start := time.Now()
-	var wg sync.WaitGroup
-	for i := range lanes {
-		count := f.n / f.c
-		if i < f.n%f.c {
-			count++
-		}
-		wg.Go(func() {
-			lr := &lanes[i]
-			lr.lat = make([]time.Duration, 0, count)
-			lr.verdicts = map[string]int{}
-			for range count {
-				if ctx.Err() != nil {
-					return
-				}
-				t0 := time.Now()
-				err := op(ctx, i)
-				if err != nil && ctx.Err() != nil {
-					// Cut short by the stop (or Ctrl-C): no verdict.
-					unfinished.Add(1)
-					return
-				}
-				lr.lat = append(lr.lat, time.Since(t0))
-				lr.verdicts[tallyKey(err)]++
-				if isTimeout(err) {
-					lr.timeouts++
-				}
-				done.Add(1)
-				if err == nil {
-					accepted.Add(1)
-				}
-				if err == nil {
-					inARow.Store(0)
-				} else if failed.Add(1); inARow.Add(1) >= maxInARow && aborted.CompareAndSwap(false, true) {
-					abort()
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	stopBar()
-
-	r := &benchResult{Concurrency: f.c, Size: f.size, Verdicts: map[string]int{}, elapsed: elapsed}
-	var gone errTargetGone
-	switch {
-	case errors.As(context.Cause(outer), &gone):
-		r.Aborted = gone.why
-	case aborted.Load():
-		r.Aborted = fmt.Sprintf("stopped after %d failures in a row (%d in all)", inARow.Load(), failed.Load())
-	}
-	r.Unfinished = int(unfinished.Load())
-	var lat []time.Duration
-	for _, lr := range lanes {
-		lat = append(lat, lr.lat...)
-		for k, v := range lr.verdicts {
-			r.Verdicts[k] += v
-		}
-		r.Timeouts += lr.timeouts
-	}
-	r.Deliveries = len(lat)
-	sort.Slice(lat, func(a, b int) bool { return lat[a] < lat[b] })
-	r.p50, r.p90, r.p99 = percentile(lat, 0.50), percentile(lat, 0.90), percentile(lat, 0.99)
-	if len(lat) > 0 {
-		r.max = lat[len(lat)-1]
-	}
-	r.ElapsedSeconds = elapsed.Seconds()
-	if elapsed > 0 {
-		r.PerSecond = float64(r.Deliveries) / elapsed.Seconds()
-	}
-	toMs := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs = toMs(r.p50), toMs(r.p90), toMs(r.p99), toMs(r.max)
-	return r
-}
-
-// tallyKey is the verdict and reason of a delivery's outcome, e.g.
-// "Accepted", "Failed/timeout", "ShuttingDown/no-responders".
-func tallyKey(err error) string {
-	v := verdict.Classify(err).String()
-	if err == nil {
-		return v
-	}
-	switch r := verdict.ReasonOf(err); {
-	case r != verdict.ReasonUnknown:
-		return v + "/" + r.String()
-	case isTimeout(err):
-		return v + "/timeout"
-	case errors.Is(err, nats.ErrNoResponders):
-		return v + "/no-responders"
-	case errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionClosed):
-		return v + "/disconnected"
-	case errors.Is(err, context.Canceled):
-		return v + "/cancelled"
-	}
-	return v
-}
-
-func isTimeout(err error) bool {
-	return err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
-}
-
-// percentile returns the nearest-rank p-quantile of sorted.
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p*float64(len(sorted)))) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
-}
-
-func ratio(a, b float64) float64 {
-	if b == 0 {
-		return 0
-	}
-	return a / b
-}
-
-// isTerminal reports whether w is a terminal.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
-}
-
-// progress draws a bar of done/total on w when w is a terminal, else writes
-// a progress line each second, until the returned stop is called.
-func progress(w io.Writer, name string, total int, done, accepted *atomic.Int64) (stop func()) {
-	if !isTerminal(w) {
-		return progressLines(w, name, total, done, accepted)
-	}
-	bar := progressbar.NewOptions(total,
-		progressbar.OptionSetWriter(w),
-		progressbar.OptionSetDescription(name),
-		progressbar.OptionShowCount(),
-		progressbar.OptionShowIts(),
-		progressbar.OptionSetItsString("deliveries"),
-		progressbar.OptionThrottle(100*time.Millisecond),
-		progressbar.OptionClearOnFinish(),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionSetRenderBlankState(true),
-	)
-	quit := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				_ = bar.Set(int(done.Load()))
-			case <-quit:
-				_ = bar.Set(int(done.Load()))
-				_ = bar.Finish()
-				return
-			}
-		}
-	}()
-	return func() {
-		close(quit)
-		<-finished
-	}
-}
-
-// progressLines writes "bench <name>: <done>/<total> deliveries, <n>
-// accepted, <rate>/s" to w every second until stop is called.
-func progressLines(w io.Writer, name string, total int, done, accepted *atomic.Int64) (stop func()) {
-	quit := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		start, last, lastAt := time.Now(), int64(0), time.Now()
-		for {
-			select {
-			case now := <-t.C:
-				d := done.Load()
-				rate := float64(d-last) / now.Sub(lastAt).Seconds()
-				fmt.Fprintf(w, "bench %s: %d/%d deliveries, %d accepted, %.0f/s, %v\n", name, d, total, accepted.Load(), rate, now.Sub(start).Round(time.Second))
-				last, lastAt = d, now
-			case <-quit:
-				return
-			}
-		}
-	}()
-	return func() {
-		close(quit)
-		<-finished
-	}
 }
 
 func printBench(g *globals, f benchFlags, out benchOutput) error {
@@ -646,15 +395,15 @@ func printBench(g *globals, f benchFlags, out benchOutput) error {
 	t := newTable(w, "RUN", "DELIVERIES", "ELAPSED", "PER SECOND", "P50", "P90", "P99", "MAX", "VERDICTS")
 	rows := []struct {
 		name string
-		r    *benchResult
+		r    *loadgen.Result
 	}{{"mesh", out.Mesh}, {"raw", out.Raw}}
 	for _, row := range rows {
 		r := row.r
 		if r == nil {
 			continue
 		}
-		t.row(row.name, r.Deliveries, r.elapsed.Round(time.Millisecond), fmt.Sprintf("%.0f", r.PerSecond),
-			ms(r.p50), ms(r.p90), ms(r.p99), ms(r.max), verdictCounts(r))
+		t.row(row.name, r.Deliveries, r.Elapsed.Round(time.Millisecond), fmt.Sprintf("%.0f", r.PerSecond),
+			ms(r.P50), ms(r.P90), ms(r.P99), ms(r.Max), verdictCounts(r))
 	}
 	if err := t.flush(); err != nil {
 		return err
@@ -674,7 +423,7 @@ func printBench(g *globals, f benchFlags, out benchOutput) error {
 }
 
 // verdictCounts formats the verdict counts, Accepted first.
-func verdictCounts(r *benchResult) string {
+func verdictCounts(r *loadgen.Result) string {
 	keys := make([]string, 0, len(r.Verdicts))
 	for k := range r.Verdicts {
 		keys = append(keys, k)
@@ -701,7 +450,7 @@ func benchFailures(out benchOutput) error {
 	failed, timeouts := 0, 0
 	for _, x := range []struct {
 		name string
-		r    *benchResult
+		r    *loadgen.Result
 	}{{"mesh", out.Mesh}, {"raw", out.Raw}} {
 		if x.r == nil {
 			continue

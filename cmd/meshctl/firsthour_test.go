@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/loadgen"
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -134,8 +135,8 @@ func TestTallyKey(t *testing.T) {
 		{fmt.Errorf("x: %w", verdict.ErrNotOwner), "ShuttingDown/not-owner"},
 		{fmt.Errorf("x: %w", nats.ErrDisconnected), "ShuttingDown/disconnected"},
 	} {
-		if got := tallyKey(tc.err); got != tc.want {
-			t.Errorf("tallyKey(%v) = %q, want %q", tc.err, got, tc.want)
+		if got := loadgen.TallyKey(tc.err); got != tc.want {
+			t.Errorf("TallyKey(%v) = %q, want %q", tc.err, got, tc.want)
 		}
 	}
 }

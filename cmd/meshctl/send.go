@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/natsmesh/natsmesh/internal/loadgen"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -197,7 +198,7 @@ func printAccepted(g *globals, a ingressAnswer, request, raw bool) error {
 		// The response byte for byte; on a terminal, unless --raw, ended
 		// by a newline so that the prompt starts on its own line.
 		_, err = g.stdout.Write(a.Payload)
-		if err == nil && !raw && isTerminal(g.stdout) && (len(a.Payload) == 0 || a.Payload[len(a.Payload)-1] != '\n') {
+		if err == nil && !raw && loadgen.IsTerminal(g.stdout) && (len(a.Payload) == 0 || a.Payload[len(a.Payload)-1] != '\n') {
 			_, err = g.stdout.Write([]byte{'\n'})
 		}
 	default:
