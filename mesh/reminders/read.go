@@ -130,6 +130,22 @@ func (s *Store) find(ctx context.Context, addr subjects.Address, name string) (R
 		}
 	}
 	if !found {
+		// No schedule, fire or record: a Set whose schedule the server
+		// purged with an earlier one-shot's fire (the runner restores it
+		// when it drops that fire: Runner.repairSchedule) is still the
+		// reminder its incarnation's copy names.
+		if !imRead {
+			if im, err = s.last(ctx, s.subject("i", addr, name)); err != nil {
+				return Reminder{}, err
+			}
+		}
+		if im != nil && s.scheduleOfCopy(addr, name, im) != nil {
+			if r, err = fromCopy(addr, name, im.Header, im.Data); err != nil {
+				return Reminder{}, err
+			}
+			r.Set = im.Time.UTC()
+			return r, nil
+		}
 		return Reminder{}, notFound
 	}
 	return r, nil

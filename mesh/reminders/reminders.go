@@ -366,17 +366,50 @@ func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 		return r, err
 	}
 	r.incarnation = nuid.Next()
-	// The incarnation first: from here on no fire of an earlier Set is
-	// current once its schedule is gone. Should the schedule's publish
-	// then fail, the earlier reminder's schedule (if any) still fires; a
-	// one-shot's fire already produced is dropped (the error says the Set
-	// may have taken effect: set it again).
-	iseq, err := s.writeIncarnation(ctx, r.Address, r.Name, r.incarnation)
+	sched := s.scheduleMsg(r, pat)
+	// What the incarnation subject held, to restore should the server
+	// refuse the schedule (a cron field it does not take).
+	prev, err := s.last(ctx, s.subject("i", r.Address, r.Name))
 	if err != nil {
 		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, err)
 	}
+	// The incarnation first — a copy of the schedule without its
+	// Nats-Schedule headers: from here on no fire of an earlier Set is
+	// current once its schedule is gone, and a runner can restore this
+	// schedule should the server purge it (Runner: repairSchedule).
+	// Should the schedule's publish then fail, the earlier reminder's
+	// schedule (if any) still fires; a one-shot's fire already produced
+	// is dropped (the error says the Set may have taken effect: set it
+	// again).
+	iseq, err := s.writeCopy(ctx, sched)
+	if err != nil {
+		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, err)
+	}
+	s.expectIncarnation(sched, r.Address, r.Name, iseq)
+	ack, err := s.js.PublishMsg(ctx, sched)
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeSchedulePatternInvalid {
+			// Refused for good: put back what the incarnation subject
+			// held (only while it still ends at our write), so nothing
+			// of this Set stands.
+			s.restoreIncarnation(ctx, r.Address, r.Name, prev, iseq)
+			return r, fmt.Errorf("%w: the server refuses schedule %q: %w", ErrInvalidReminder, pat, err)
+		}
+		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, concurrent(err))
+	}
+	r.Revision = ack.Sequence
+	r.Set = time.Now().UTC()
+	return r, nil
+}
+
+// errCodeSchedulePatternInvalid is JetStream's "message schedules pattern
+// is invalid".
+const errCodeSchedulePatternInvalid jetstream.ErrorCode = 10189
+
+// scheduleMsg is the schedule message of r with pattern pat.
+func (s *Store) scheduleMsg(r Reminder, pat string) *nats.Msg {
 	m := nats.NewMsg(s.subject("s", r.Address, r.Name))
-	s.expectIncarnation(m, r.Address, r.Name, iseq)
 	m.Data = r.Payload
 	m.Header.Set(natsSchedule, pat)
 	m.Header.Set(natsScheduleTarget, s.subject("f", r.Address, r.Name))
@@ -390,13 +423,84 @@ func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 	if r.Type != "" {
 		m.Header.Set(HeaderType, r.Type)
 	}
-	ack, err := s.js.PublishMsg(ctx, m)
+	return m
+}
+
+// copyHeaders are the schedule message's headers the incarnation subject
+// keeps (everything but JetStream's own).
+var copyHeaders = []string{HeaderSchedule, HeaderZone, HeaderIncarnation, HeaderTracked, HeaderType}
+
+// writeCopy writes the incarnation of schedule message m — a copy of it
+// without JetStream's scheduling headers — on its incarnation subject and
+// returns its stream sequence.
+func (s *Store) writeCopy(ctx context.Context, m *nats.Msg) (uint64, error) {
+	addr, name, err := s.parseSubject(m.Subject)
 	if err != nil {
-		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, concurrent(err))
+		return 0, err
 	}
-	r.Revision = ack.Sequence
-	r.Set = time.Now().UTC()
-	return r, nil
+	c := nats.NewMsg(s.subject("i", addr, name))
+	c.Data = m.Data
+	for _, k := range copyHeaders {
+		if v := m.Header.Get(k); v != "" {
+			c.Header.Set(k, v)
+		}
+	}
+	c.Header.Set(natsRollup, "sub")
+	ack, err := s.js.PublishMsg(ctx, c)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// scheduleOfCopy rebuilds the schedule message from incarnation message c
+// (writeCopy): nil if c holds no schedule (a tombstone, or written before
+// copies carried one).
+func (s *Store) scheduleOfCopy(addr subjects.Address, name string, c *jetstream.RawStreamMsg) *nats.Msg {
+	pat := c.Header.Get(HeaderSchedule)
+	if pat == "" || c.Header.Get(HeaderIncarnation) == "" {
+		return nil
+	}
+	m := nats.NewMsg(s.subject("s", addr, name))
+	m.Data = c.Data
+	m.Header.Set(natsSchedule, pat)
+	m.Header.Set(natsScheduleTarget, s.subject("f", addr, name))
+	if z := c.Header.Get(HeaderZone); z != "" {
+		m.Header.Set(natsScheduleTZ, z)
+	}
+	for _, k := range copyHeaders {
+		if v := c.Header.Get(k); v != "" {
+			m.Header.Set(k, v)
+		}
+	}
+	return m
+}
+
+// restoreIncarnation puts prev (nil: nothing, written as an expiring
+// tombstone) back on the incarnation subject of (addr, name), only while
+// the subject still ends at seq. Best effort: a failure leaves this Set's
+// incarnation, which names no schedule (Get shows it not).
+func (s *Store) restoreIncarnation(ctx context.Context, addr subjects.Address, name string, prev *jetstream.RawStreamMsg, seq uint64) {
+	m := nats.NewMsg(s.subject("i", addr, name))
+	m.Header.Set(natsRollup, "sub")
+	if prev != nil {
+		m.Data = prev.Data
+		for k, vs := range prev.Header {
+			if !strings.HasPrefix(k, "Nats-") {
+				m.Header[k] = vs
+			}
+		}
+		if ttl := prev.Header.Get(natsTTL); ttl != "" {
+			m.Header.Set(natsTTL, ttl)
+		}
+	} else {
+		m.Header.Set(HeaderCancelled, "true")
+		m.Header.Set(natsTTL, TombstoneTTL.String())
+	}
+	m.Header.Set(nats.ExpectedLastSubjSeqHdr, strconv.FormatUint(seq, 10))
+	if _, err := s.js.PublishMsg(ctx, m); err != nil {
+		s.log.Warn("reminder incarnation not restored after a refused Set", "address", addr, "name", name, "err", err)
+	}
 }
 
 // Cancel removes the reminder name of addr — a schedule, a fire not yet

@@ -122,6 +122,9 @@ type RunnerStats struct {
 	Retried   int64 `json:"retried"`
 	Failed    int64 `json:"failed"`
 	InFlight  int64 `json:"in_flight"`
+	// Repaired counts schedules restored after the server purged them
+	// with an earlier one-shot's fire (repairSchedule).
+	Repaired int64 `json:"repaired"`
 }
 
 // Runner takes fires from the shared consumer and delivers them. Stop it
@@ -139,6 +142,7 @@ type Runner struct {
 
 	counts   [5]atomic.Int64
 	inFlight atomic.Int64
+	repaired atomic.Int64
 
 	idsMu sync.Mutex
 	ids   map[string]struct{} // fires being delivered by this runner, by ID
@@ -228,6 +232,7 @@ func (r *Runner) Stats() RunnerStats {
 	return RunnerStats{
 		Delivered: r.counts[Delivered].Load(), Dropped: r.counts[Dropped].Load(),
 		Retried: r.counts[Retried].Load(), Failed: r.counts[Failed].Load(), InFlight: r.inFlight.Load(),
+		Repaired: r.repaired.Load(),
 	}
 }
 
@@ -289,6 +294,7 @@ func (r *Runner) handle(m jetstream.Msg) {
 			return
 		}
 		if !currentWithoutSchedule(m.Headers(), inc) {
+			r.repairSchedule(inc)
 			_ = m.Ack()
 			r.outcome(f, Dropped, nil)
 			return
@@ -352,6 +358,58 @@ func (r *Runner) handle(m jetstream.Msg) {
 		// Kept while its failure record is: it makes the record current.
 		r.endIncarnation(f, inc, FailureTTL, false)
 	}
+}
+
+// repairSchedule restores the schedule of the current incarnation inc
+// (nil: none) when the server purged it along with an earlier one-shot's:
+// nats-server builds a one-shot's fire from the schedule it read, then
+// stores it and purges the whole schedule subject (stream.go), so a Set
+// whose schedule landed in between is purged too (found by a hostile
+// tester: Sets at a one-shot's due instant, and back-to-back Sets of a
+// past-due one-shot, returned nil and never fired). It is called for a
+// fire that is not current while the schedule subject holds nothing: the
+// fire's own production may be what purged it. A one-shot is restored
+// only if no fire and no failure of it is in the stream (it has not fired:
+// once delivered, its incarnation would have been ended); a repeating
+// schedule always. Conditional on the incarnation subject still ending at
+// inc (a Set or Cancel meanwhile stands); best effort, logged.
+func (r *Runner) repairSchedule(inc *jetstream.RawStreamMsg) {
+	if inc == nil {
+		return
+	}
+	addr, name, err := r.s.parseSubject(inc.Subject)
+	if err != nil {
+		return
+	}
+	sm := r.s.scheduleOfCopy(addr, name, inc)
+	if sm == nil {
+		return
+	}
+	sch, err := parsePattern(inc.Header.Get(HeaderSchedule), inc.Header.Get(HeaderZone))
+	if err != nil {
+		return
+	}
+	me := inc.Header.Get(HeaderIncarnation)
+	if sch.OneShot() {
+		for _, fam := range []string{"f", "x"} {
+			m, err := r.s.last(r.ctx, r.s.subject(fam, addr, name))
+			if err != nil {
+				return // cannot tell: a later fire's handling tries again
+			}
+			if m != nil && m.Header.Get(HeaderIncarnation) == me && m.Header.Get(HeaderCancelled) == "" {
+				return // it fired: its fire or its failure is there
+			}
+		}
+	}
+	r.s.expectIncarnation(sm, addr, name, inc.Sequence)
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := r.s.js.PublishMsg(ctx, sm); err != nil {
+		r.s.log.Debug("reminder schedule not restored", "address", addr, "name", name, "err", err)
+		return
+	}
+	r.repaired.Add(1)
+	r.s.log.Info("reminder schedule restored: the server purged it with an earlier one-shot's fire", "address", addr, "name", name)
 }
 
 // clearRetrying removes the failure record of f once f was delivered, if
