@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strings"
 	"time"
 
@@ -86,6 +87,11 @@ func startEmbedded(cfg *Config) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
 	}
+	if cfg.LeafRemote != "" {
+		if err := leafOptions(opts, cfg.LeafRemote, cfg.LeafCreds); err != nil {
+			return nil, err
+		}
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: embedded NATS server: %w", err)
@@ -95,7 +101,74 @@ func startEmbedded(cfg *Config) (*server.Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("daemon: embedded NATS server on %s not ready in 15s", cfg.Listen)
 	}
+	if cfg.LeafRemote != "" {
+		// The registry is the hub's: wait for the leaf connection before
+		// the node looks for JetStream.
+		deadline := time.Now().Add(LeafConnectTimeout)
+		for ns.NumLeafNodes() == 0 {
+			if time.Now().After(deadline) {
+				ns.Shutdown()
+				return nil, fmt.Errorf("daemon: the embedded leaf server did not connect to its hub %s in %v (a leafnodes listener there, and the login it wants?)", cfg.LeafRemote, LeafConnectTimeout)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	return ns, nil
+}
+
+// LeafConnectTimeout bounds how long a leaf node's start waits for its
+// leaf connection to the hub.
+const LeafConnectTimeout = 15 * time.Second
+
+// ValidateLeafRemote checks a LeafRemote value (meshd --leaf-remote): one
+// or more comma-separated leafnode URLs with a host and a port.
+func ValidateLeafRemote(remote string) error {
+	_, err := leafURLs(remote)
+	return err
+}
+
+// leafURLs parses the comma-separated leafnode URLs of a hub.
+func leafURLs(remote string) ([]*url.URL, error) {
+	var out []*url.URL
+	for raw := range strings.SplitSeq(remote, ",") {
+		raw = strings.TrimSpace(raw)
+		u, err := url.Parse(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", raw, err)
+		}
+		switch u.Scheme {
+		case "nats-leaf", "nats", "tls", "ws", "wss":
+		default:
+			return nil, fmt.Errorf("%q: want nats-leaf://HOST:PORT (or nats://, tls://, ws://, wss://)", raw)
+		}
+		if u.Hostname() == "" || u.Port() == "" {
+			return nil, fmt.Errorf("%q: want HOST:PORT", raw)
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// leafOptions turns the embedded server's options into a leaf node's of
+// the hub at remote: no JetStream of its own; the mesh account bound to
+// the hub's over the leaf connection, with the hub's JetStream (the empty
+// domain) as its default, so the account's JetStream API and KV traffic
+// cross the leaf connection (nats-server leafnode.go skips its JetStream
+// deny for an account with a default domain of "": the hub's servers need
+// the same default_js_domain for the account). The system account is not
+// bound: the mesh account's import of its disconnect advisory carries the
+// leaf's advisories to the hub and the hub's to the leaf, as account
+// traffic.
+func leafOptions(opts *server.Options, remote, creds string) error {
+	urls, err := leafURLs(remote)
+	if err != nil {
+		return fmt.Errorf("%w: leaf remote: %w", ErrInvalidConfig, err)
+	}
+	opts.JetStream = false
+	opts.StoreDir = ""
+	opts.JsAccDefaultDomain = map[string]string{EmbeddedAccount: ""}
+	opts.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: urls, LocalAccount: EmbeddedAccount, Credentials: creds}}
+	return nil
 }
 
 // connect dials NATS with the configured credentials; it reconnects forever.
@@ -149,4 +222,17 @@ func connect(cfg Config, url string, extra ...nats.Option) (*nats.Conn, error) {
 		return nil, fmt.Errorf("daemon: connect to NATS at %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// redactURLs is remote with any password in its URLs replaced, for logs.
+func redactURLs(remote string) string {
+	urls, err := leafURLs(remote)
+	if err != nil {
+		return "(invalid)"
+	}
+	out := make([]string, len(urls))
+	for i, u := range urls {
+		out[i] = u.Redacted()
+	}
+	return strings.Join(out, ",")
 }

@@ -68,6 +68,20 @@ type Config struct {
 	// Listen is the embedded server's client address; zero means
 	// DefaultListen (loopback). Port 0 picks a free port.
 	Listen string
+	// LeafRemote makes the embedded server a leaf node of a hub cluster
+	// (DESIGN §12): comma-separated leafnode URLs of the hub's servers
+	// (nats-leaf://HOST:PORT, nats://, tls://, ws://, wss://; a
+	// user:password in the URL is the leaf connection's login). The
+	// server then runs without JetStream and binds the mesh account to the
+	// hub's, with the hub's JetStream as the account's default domain, so
+	// the node uses the hub's registry, directory, state and reminders;
+	// the hub's servers need the same default_js_domain line and a
+	// leafnodes listener (docs/operations.md, "Leaf nodes"). Empty: a
+	// standalone embedded server. Not with NATSURL.
+	LeafRemote string
+	// LeafCreds is the credentials file of the leaf connection (the hub's
+	// leafnode authorization); empty: the URL's login, if any.
+	LeafCreds string
 	// DataDir is the node's directory: the embedded server's JetStream
 	// store, and the node's lock and holder record (LockFile, HolderFile).
 	// The process holds an OS lock on it while it runs, so a second
@@ -207,6 +221,17 @@ func (c *Config) validate() error {
 	if c.NATSURL != "" {
 		if err := natsurl.Validate(c.NATSURL); err != nil {
 			return fmt.Errorf("%w: NATSURL %q: %w", ErrInvalidConfig, c.NATSURL, err)
+		}
+	}
+	if c.LeafRemote != "" {
+		if c.NATSURL != "" {
+			return fmt.Errorf("%w: LeafRemote (--leaf-remote) makes the embedded server a leaf node; NATSURL (--nats-url) joins an external cluster instead: give one", ErrInvalidConfig)
+		}
+		if c.Standalone {
+			return fmt.Errorf("%w: a leaf node joins its hub's mesh: not with Standalone (--standalone)", ErrInvalidConfig)
+		}
+		if _, err := leafURLs(c.LeafRemote); err != nil {
+			return fmt.Errorf("%w: LeafRemote (--leaf-remote): %w", ErrInvalidConfig, err)
 		}
 	}
 	if c.Listen == "" {
@@ -390,7 +415,11 @@ func Run(ctx context.Context, cfg Config) error {
 		if cfg.AdvisorySubject == "" {
 			cfg.AdvisorySubject = AdvisorySubjectEmbedded
 		}
-		log.Info("embedded NATS server running", "url", url, "jetstream_dir", cfg.DataDir, "auth", cfg.Auth)
+		if cfg.LeafRemote != "" {
+			log.Info("embedded NATS server running as a leaf node", "url", url, "hub", redactURLs(cfg.LeafRemote), "auth", cfg.Auth)
+		} else {
+			log.Info("embedded NATS server running", "url", url, "jetstream_dir", cfg.DataDir, "auth", cfg.Auth)
+		}
 		if cfg.Auth {
 			log.Info("auth on: nkey seeds of the permission profiles", "dir", cfg.AuthDir,
 				"node", NodeSeedFile, "client", ClientSeedFile, "operator", OperatorSeedFile)

@@ -46,6 +46,7 @@ type ClusterServer struct {
 	// GatewayProxy fronts GatewayPort: every gateway connection to this
 	// server passes it (nil unless the cluster is part of a supercluster).
 	GatewayProxy *Proxy
+	LeafPort     int // the leafnodes listener: 0 unless StartLeafHubCluster
 }
 
 // StartCluster starts n nats-server processes (built from go.mod) forming the
@@ -99,7 +100,36 @@ type clusterSpec struct {
 	name      string // cluster (and gateway) name; servers are <name>-<i>
 	n         int
 	jetstream bool
+	leaf      bool // a hub for leaf nodes: a leafnodes listener and the mesh account's default JetStream domain
 }
+
+// StartLeafHubCluster is StartCluster for a hub of leaf nodes (DESIGN §12):
+// every server also listens for leaf connections (ClusterServer.LeafPort;
+// a leaf binds the mesh account: no_auth_user) and has the mesh account's
+// JetStream as its default domain for leaf traffic, the line
+// docs/operations.md ("Leaf nodes") gives operators:
+//
+//	default_js_domain: {MESH: ""}
+func StartLeafHubCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		cs, err := startClusters(t, []clusterSpec{{name: "mesh", n: n, jetstream: true, leaf: true}}, ClusterAccountsConf)
+		if err == nil {
+			return cs[0]
+		}
+		for _, c := range cs {
+			c.stopAll()
+		}
+		if attempt == 3 {
+			t.Fatalf("StartLeafHubCluster: %v", err)
+		}
+		t.Logf("StartLeafHubCluster: %v; retrying with new ports", err)
+	}
+}
+
+// LeafHubConf is what a hub's servers need for leaf mesh nodes besides a
+// leafnodes listener (docs/operations.md, "Leaf nodes").
+const LeafHubConf = `default_js_domain: {MESH: ""}`
 
 // startClusters writes the configs of every server of specs (joined by
 // gateways when there are several clusters) and starts them all. On error
@@ -119,6 +149,9 @@ func startClusters(t testing.TB, specs []clusterSpec, accounts string) ([]*Clust
 				ClusterPort: FreePort(t),
 				MonitorPort: FreePort(t),
 				StoreDir:    filepath.Join(dir, fmt.Sprintf("%s-%d-store", sp.name, i)),
+			}
+			if sp.leaf {
+				s.LeafPort = FreePort(t)
 			}
 			if gw {
 				// Every gateway connection to s goes through its proxy
@@ -144,6 +177,11 @@ func startClusters(t testing.TB, specs []clusterSpec, accounts string) ([]*Clust
 			js := ""
 			if specs[ci].jetstream {
 				js = fmt.Sprintf("jetstream {\n  store_dir: %q\n}\n", s.StoreDir)
+			}
+			if specs[ci].leaf {
+				// no_advertise: a leaf reconnects only to the URLs it was
+				// given (a test's proxy), not to every hub server's.
+				js += fmt.Sprintf("leafnodes {\n  listen: 127.0.0.1:%d\n  no_advertise: true\n}\n%s\n", s.LeafPort, LeafHubConf)
 			}
 			gateway := ""
 			if gw {

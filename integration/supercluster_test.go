@@ -441,21 +441,40 @@ func superWorkloadWest(t *testing.T) (*Supercluster, *nemesisRun, []string, *mes
 	sc := StartSupercluster(t, 3)
 	sc.WaitReady(t)
 	east, west := sc.East(), sc.West()
+	nodes := []primedNode{{"e1", []string{"--nats-url", east.URL()}}, {"e2", []string{"--nats-url", east.URL()}},
+		{"w1", []string{"--nats-url", west.URL()}}, {"w2", []string{"--nats-url", west.URL()}}}
+	n, addrs, tcW := primedWorkload(t, east, east.URL(), func([]*nemesisNode) string { return west.URL() }, nodes, "w")
+	return sc, n, addrs, tcW
+}
+
+// primedNode is a testnode primedWorkload starts: its name and the flags
+// that say where it runs (--nats-url, or an embedded server's).
+type primedNode struct {
+	name string
+	args []string
+}
+
+// primedWorkload starts the testnodes of nodes (each with --kv-replicas 3),
+// a recorded sender on senderURL (its late verdicts recorded) and a client
+// on the URL primerURL returns (given the started nodes), which activates
+// every workload address — the nemesis's lane and kv addresses — from
+// there (recorded as operations of their own clients); every address must
+// land on a node whose name starts with local (placement near the caller).
+// It returns the run, the addresses and the priming client.
+func primedWorkload(t *testing.T, c *Cluster, senderURL string, primerURL func([]*nemesisNode) string, nodes []primedNode, local string) (*nemesisRun, []string, *mesh.Node) {
+	t.Helper()
 	now := time.Now().UnixNano()
-	n := &nemesisRun{t: t, c: east, rec: nemesis.NewRecorder(1, now), start: now}
-	n.sender = superSender(t, east.URL(), func(v mesh.LateVerdict) {
+	n := &nemesisRun{t: t, c: c, rec: nemesis.NewRecorder(1, now), start: now}
+	n.sender = superSender(t, senderURL, func(v mesh.LateVerdict) {
 		n.rec.AddLate(nemesis.Late{ID: v.ID, At: time.Now().UnixNano(), Outcome: nemesis.OutcomeOf(v.Err)})
 	})
-	tcW := superClient(t, west.URL(), "tcw")
-	for _, sp := range []struct {
-		name string
-		c    *Cluster
-	}{{"e1", east}, {"e2", east}, {"w1", west}, {"w2", west}} {
-		p := StartTestNode(t, "--name", sp.name, "--nats-url", sp.c.URL(), "--kv-replicas", "3")
+	for _, sp := range nodes {
+		p := StartTestNode(t, append([]string{"--name", sp.name, "--kv-replicas", "3"}, sp.args...)...)
 		n.nodes = append(n.nodes, &nemesisNode{name: sp.name, proc: p, procs: []*Meshd{p}})
 	}
-	waitHosting(t, n.sender, "nlane", 4)
-	waitHosting(t, tcW, "nlane", 4)
+	primer := superClient(t, primerURL(n.nodes), "primer")
+	waitHosting(t, n.sender, "nlane", len(nodes))
+	waitHosting(t, primer, "nlane", len(nodes))
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, nd := range n.nodes {
@@ -466,7 +485,7 @@ func superWorkloadWest(t *testing.T) (*Supercluster, *nemesisRun, []string, *mes
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pw := &workload{rec: n.rec, sender: tcW, quit: make(chan struct{})}
+	pw := &workload{rec: n.rec, sender: primer, quit: make(chan struct{})}
 	var addrs []string
 	for a := range nemesisLaneAddrs {
 		addrs = append(addrs, fmt.Sprintf("nlane/a%d", a))
@@ -482,17 +501,17 @@ func superWorkloadWest(t *testing.T) (*Supercluster, *nemesisRun, []string, *mes
 			op.Kind, typ = nemesis.KVGet, "get"
 		}
 		k := pw.invoke(op)
-		resp, err := tcW.Request(ctx, mesh.Delivery{ID: id, To: subjects.Address(addr), Stream: "prime", Type: typ})
+		resp, err := primer.Request(ctx, mesh.Delivery{ID: id, To: subjects.Address(addr), Stream: "prime", Type: typ})
 		out := resp.Payload
 		if out == nil {
 			out = []byte{}
 		}
 		pw.complete(k, resp.Receipt, err, out)
-		if err != nil || !strings.HasPrefix(resp.Node.Name, "w") {
-			t.Fatalf("priming %s from west: %+v %v", addr, resp.Receipt, err)
+		if err != nil || !strings.HasPrefix(resp.Node.Name, local) {
+			t.Fatalf("priming %s: %+v %v (want a node named %s…)", addr, resp.Receipt, err, local)
 		}
 	}
-	return sc, n, addrs, tcW
+	return n, addrs, primer
 }
 
 // servedOnEast waits until every address of addrs had a turn on an east

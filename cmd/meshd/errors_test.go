@@ -138,6 +138,9 @@ func TestEveryVariableNamedInItsError(t *testing.T) {
 		{"MESHD_INSECURE_LISTEN", map[string]string{"MESHD_INSECURE_LISTEN": "yes"}, 1},
 		{"MESHD_KV_REPLICAS", map[string]string{"MESHD_KV_REPLICAS": "-1"}, 1},
 		{"MESHD_KV_REPLICAS", map[string]string{"MESHD_KV_REPLICAS": "three"}, 1},
+		{"MESHD_LEAF_CREDS", map[string]string{"MESHD_LEAF_CREDS": garbage}, 1},
+		{"MESHD_LEAF_REMOTE", map[string]string{"MESHD_LEAF_REMOTE": "http://127.0.0.1:7422"}, 1},
+		{"MESHD_LEAF_REMOTE", map[string]string{"MESHD_LEAF_REMOTE": "nats-leaf://hub"}, 1}, // no port
 		{"MESHD_LISTEN", map[string]string{"MESHD_LISTEN": "bogus"}, 1},
 		{"MESHD_LISTEN", map[string]string{"MESHD_LISTEN": "0.0.0.0:0"}, 1}, // beyond loopback without auth
 		{"MESHD_LISTEN", map[string]string{"MESHD_LISTEN": inUse}, 2},

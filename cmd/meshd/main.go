@@ -56,7 +56,7 @@ type options struct {
 	replace                                             bool
 	dataDirSet                                          bool // --data-dir (or MESHD_DATA_DIR) given
 	kvReplicas                                          int
-	kvCluster                                           string
+	kvCluster, leafRemote, leafCreds                    string
 	stateReplicas, stateMaxValue                        int
 	callerRate, clientInboxes                           string
 	callerBurst                                         int
@@ -140,6 +140,8 @@ signal during the drain.`,
 	f.Var(checked(&o.natsURL, optional(natsurl.Validate)), "nats-url", "join this external NATS cluster instead of running an embedded server; comma-separated URLs (nats://HOST:PORT, tls://, ws://, wss://)")
 	o.listen, o.dataDir = daemon.DefaultListen, daemon.DefaultDataDir
 	f.Var(checked(&o.listen, checkAddr), "listen", "embedded NATS server client address")
+	f.Var(checked(&o.leafRemote, optional(daemon.ValidateLeafRemote)), "leaf-remote", "make the embedded NATS server a leaf node of this hub cluster (comma-separated leafnode URLs, nats-leaf://HOST:PORT; a user:password in the URL logs in): no JetStream of its own, the mesh account bound to the hub's, the node in the hub's mesh (docs/operations.md, Leaf nodes)")
+	f.Var(checked(&o.leafCreds, optional(natsauth.CheckCreds)), "leaf-creds", "credentials file of the --leaf-remote connection")
 	f.Var(checked(&o.dataDir, checkDir), "data-dir", "the node's directory: the embedded NATS server's JetStream store, and the node's lock and holder record; meshd holds an OS lock on it (a second meshd on it exits 2), and a restart on it supersedes its own crashed generation at once (docs/operations.md, Restarts). Must be local to the machine. With --nats-url it is used only when set")
 	f.BoolVar(&o.auth, "auth", false, "secure the embedded NATS server: nkey users for the node, client and operator permission profiles, seeds generated into --auth-dir; meshd connects as node (SECURITY.md)")
 	f.Var(checked(&o.authDir, optional(checkDir)), "auth-dir", "where --auth keeps the seeds node.nk, client.nk, operator.nk (mode 0600); empty means <data-dir>/auth")
@@ -308,7 +310,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 	}
 	cfg := daemon.Config{
 		Name: o.name, Prefix: subjects.Prefix(o.prefix), Hubs: kinds, TracingFromEnv: true,
-		NATSURL: o.natsURL, Listen: o.listen, DataDir: dataDir,
+		NATSURL: o.natsURL, Listen: o.listen, DataDir: dataDir, LeafRemote: o.leafRemote, LeafCreds: o.leafCreds,
 		Auth: o.auth, AuthDir: o.authDir, InsecureListen: o.insecureListen,
 		CredsFile: o.creds, NKeyFile: o.nkey, User: o.user, Password: o.password,
 		TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSCA: o.tlsCA,

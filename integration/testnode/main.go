@@ -81,24 +81,42 @@ func main() {
 	holdSave := flag.Duration("hold-save", 3*time.Second, "how long a dctr delivery with payload \"hold\" waits before its save")
 	reportFactories := flag.Bool("report-factories", false, "report each factory run of the count kinds to test.factory")
 	dataDir := flag.String("data-dir", "", "the node's data directory (lock and holder record, as meshd's --data-dir); empty: none")
+	leaf := flag.String("leaf-remote", "", "run an embedded server as a leaf node of this hub (as meshd's --leaf-remote)")
+	listen := flag.String("listen", "", "the embedded server's client address (with --leaf-remote)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	pub, err := nats.Connect(*url, nats.Name("testnode-exec "+*name), nats.MaxReconnects(-1))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "testnode:", err)
-		os.Exit(2)
+	// The report connection: to --nats-url, or — an embedded server (a
+	// leaf node) — to it once it serves (reports wait for it).
+	var pub *nats.Conn
+	pubReady := make(chan struct{})
+	dial := func(u string) {
+		c, err := nats.Connect(u, nats.Name("testnode-exec "+*name), nats.MaxReconnects(-1))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testnode:", err)
+			os.Exit(2)
+		}
+		pub = c
+		close(pubReady)
+	}
+	if *url != "" {
+		dial(*url)
 	}
 	defer func() {
-		_ = pub.Flush() // every execution event reaches the test
-		pub.Close()
+		select {
+		case <-pubReady:
+			_ = pub.Flush() // every execution event reaches the test
+			pub.Close()
+		default:
+		}
 	}()
 	report := func(m *nats.Msg) error {
 		// Acknowledged and retried, so that no event is lost when a NATS
 		// server dies under the test.
 		var err error
 		for range 20 {
+			<-pubReady
 			if _, err = pub.RequestMsg(m, 2*time.Second); err == nil {
 				return nil
 			}
@@ -153,6 +171,7 @@ func main() {
 			m.Header.Set(k, v)
 		}
 		for range 20 {
+			<-pubReady
 			if _, err := pub.RequestMsg(m, 2*time.Second); err == nil {
 				return
 			}
@@ -177,8 +196,8 @@ func main() {
 			reportDelivery("test.save", d, map[string]string{"Test-Value": strconv.FormatUint(v, 10), "Test-Err": e})
 		},
 	})
-	err = daemon.Run(ctx, daemon.Config{
-		Name: *name, NATSURL: *url, KVReplicas: *replicas, KVCluster: *kvCluster, Heartbeat: *hb, TTL: *ttl, DrainTimeout: *drain,
+	err := daemon.Run(ctx, daemon.Config{
+		Name: *name, NATSURL: *url, LeafRemote: *leaf, Listen: *listen, KVReplicas: *replicas, KVCluster: *kvCluster, Heartbeat: *hb, TTL: *ttl, DrainTimeout: *drain,
 		DisableIngress: !*ingress, HTTP: *httpAddr, Replace: *replace, DataDir: *dataDir,
 		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 		Kinds: map[string]hub.Factory{
@@ -200,6 +219,9 @@ func main() {
 			"nkv":   nemesisKind(kvTurn),
 		},
 		Ready: func(i daemon.Info) {
+			if pub == nil {
+				dial(i.NATSURL)
+			}
 			if i.HTTPAddr != "" {
 				fmt.Printf("testnode: http %s\n", i.HTTPAddr)
 			}
