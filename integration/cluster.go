@@ -46,6 +46,11 @@ type ClusterServer struct {
 	// GatewayProxy fronts GatewayPort: every gateway connection to this
 	// server passes it (nil unless the cluster is part of a supercluster).
 	GatewayProxy *Proxy
+	// RouteProxies[j] fronts server j's cluster port for the routes this
+	// server dials (nil unless the cluster was started with route proxies):
+	// Cluster.Isolate cuts a server off from the others, its clients still
+	// attached.
+	RouteProxies map[int]*Proxy
 }
 
 // StartCluster starts n nats-server processes (built from go.mod) forming the
@@ -99,6 +104,10 @@ type clusterSpec struct {
 	name      string // cluster (and gateway) name; servers are <name>-<i>
 	n         int
 	jetstream bool
+	// routeProxies: every route from server i to server j goes through a
+	// proxy of its own (i→j), and servers advertise no usable route URL, so
+	// that no implicit route bypasses the proxies.
+	routeProxies bool
 }
 
 // startClusters writes the configs of every server of specs (joined by
@@ -136,10 +145,24 @@ func startClusters(t testing.TB, specs []clusterSpec, accounts string) ([]*Clust
 	for ci, c := range cs {
 		for i, s := range c.servers {
 			var routes []string
+			advertise := ""
 			for j, o := range c.servers {
 				if j != i {
+					if specs[ci].routeProxies {
+						if s.RouteProxies == nil {
+							s.RouteProxies = map[int]*Proxy{}
+						}
+						p := StartProxy(t, fmt.Sprintf("127.0.0.1:%d", o.ClusterPort))
+						s.RouteProxies[j] = p
+						routes = append(routes, fmt.Sprintf("    nats-route://%s", p.Addr))
+						continue
+					}
 					routes = append(routes, fmt.Sprintf("    nats-route://127.0.0.1:%d", o.ClusterPort))
 				}
+			}
+			if specs[ci].routeProxies {
+				// Gossiped route URLs lead nowhere: only the proxied explicit routes connect.
+				advertise = fmt.Sprintf("  advertise: \"127.0.0.1:%d\"\n", FreePort(t))
 			}
 			js := ""
 			if specs[ci].jetstream {
@@ -178,12 +201,12 @@ lame_duck_grace_period: "1s"
 cluster {
   name: %s
   listen: 127.0.0.1:%d
-  routes: [
+%s  routes: [
 %s
   ]
 }
 %s
-%s`, s.Name, s.ClientPort, s.MonitorPort, js, c.Name, s.ClusterPort, strings.Join(routes, "\n"), gateway, accounts)
+%s`, s.Name, s.ClientPort, s.MonitorPort, js, c.Name, s.ClusterPort, advertise, strings.Join(routes, "\n"), gateway, accounts)
 			if err := os.WriteFile(s.ConfigFile, []byte(conf), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -237,6 +260,53 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// StartClusterRouteProxies is StartCluster with every route through a
+// proxy of its own (clusterSpec.routeProxies), for Isolate.
+func StartClusterRouteProxies(t testing.TB, n int) *Cluster {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		cs, err := startClusters(t, []clusterSpec{{name: "mesh", n: n, jetstream: true, routeProxies: true}}, ClusterAccountsConf)
+		if err == nil {
+			return cs[0]
+		}
+		cs[0].stopAll()
+		if attempt == 3 {
+			t.Fatalf("StartClusterRouteProxies: %v", err)
+		}
+	}
+}
+
+// Isolate cuts every route between server i and the others in mode (its
+// clients stay connected to it); Heal restores them.
+func (c *Cluster) Isolate(i int, mode CutMode) {
+	for j, s := range c.servers {
+		if j == i {
+			for _, p := range s.RouteProxies {
+				p.Cut(mode)
+			}
+			continue
+		}
+		if p := s.RouteProxies[i]; p != nil {
+			p.Cut(mode)
+		}
+	}
+}
+
+// Heal restores what Isolate(i) cut.
+func (c *Cluster) Heal(i int) {
+	for j, s := range c.servers {
+		if j == i {
+			for _, p := range s.RouteProxies {
+				p.Restore()
+			}
+			continue
+		}
+		if p := s.RouteProxies[i]; p != nil {
+			p.Restore()
+		}
+	}
 }
 
 // N is the number of servers.
