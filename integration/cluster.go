@@ -47,6 +47,11 @@ type ClusterServer struct {
 	// server passes it (nil unless the cluster is part of a supercluster).
 	GatewayProxy *Proxy
 	LeafPort     int // the leafnodes listener: 0 unless StartLeafHubCluster
+	// RouteProxies[j] fronts server j's cluster port for the routes this
+	// server dials (nil unless the cluster was started with route proxies):
+	// Cluster.Isolate cuts a server off from the others, its clients still
+	// attached.
+	RouteProxies map[int]*Proxy
 }
 
 // StartCluster starts n nats-server processes (built from go.mod) forming the
@@ -101,6 +106,10 @@ type clusterSpec struct {
 	n         int
 	jetstream bool
 	leaf      bool // a hub for leaf nodes: a leafnodes listener and the mesh account's default JetStream domain
+	// routeProxies: every route from server i to server j goes through a
+	// proxy of its own (i→j), and servers advertise no usable route URL, so
+	// that no implicit route bypasses the proxies.
+	routeProxies bool
 }
 
 // StartLeafHubCluster is StartCluster for a hub of leaf nodes (DESIGN §12):
@@ -169,10 +178,24 @@ func startClusters(t testing.TB, specs []clusterSpec, accounts string) ([]*Clust
 	for ci, c := range cs {
 		for i, s := range c.servers {
 			var routes []string
+			advertise := ""
 			for j, o := range c.servers {
 				if j != i {
+					if specs[ci].routeProxies {
+						if s.RouteProxies == nil {
+							s.RouteProxies = map[int]*Proxy{}
+						}
+						p := StartProxy(t, fmt.Sprintf("127.0.0.1:%d", o.ClusterPort))
+						s.RouteProxies[j] = p
+						routes = append(routes, fmt.Sprintf("    nats-route://%s", p.Addr))
+						continue
+					}
 					routes = append(routes, fmt.Sprintf("    nats-route://127.0.0.1:%d", o.ClusterPort))
 				}
+			}
+			if specs[ci].routeProxies {
+				// Gossiped route URLs lead nowhere: only the proxied explicit routes connect.
+				advertise = fmt.Sprintf("  advertise: \"127.0.0.1:%d\"\n", FreePort(t))
 			}
 			js := ""
 			if specs[ci].jetstream {
@@ -216,12 +239,12 @@ lame_duck_grace_period: "1s"
 cluster {
   name: %s
   listen: 127.0.0.1:%d
-  routes: [
+%s  routes: [
 %s
   ]
 }
 %s
-%s`, s.Name, s.ClientPort, s.MonitorPort, js, c.Name, s.ClusterPort, strings.Join(routes, "\n"), gateway, accounts)
+%s`, s.Name, s.ClientPort, s.MonitorPort, js, c.Name, s.ClusterPort, advertise, strings.Join(routes, "\n"), gateway, accounts)
 			if err := os.WriteFile(s.ConfigFile, []byte(conf), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -275,6 +298,53 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// StartClusterRouteProxies is StartCluster with every route through a
+// proxy of its own (clusterSpec.routeProxies), for Isolate.
+func StartClusterRouteProxies(t testing.TB, n int) *Cluster {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		cs, err := startClusters(t, []clusterSpec{{name: "mesh", n: n, jetstream: true, routeProxies: true}}, ClusterAccountsConf)
+		if err == nil {
+			return cs[0]
+		}
+		cs[0].stopAll()
+		if attempt == 3 {
+			t.Fatalf("StartClusterRouteProxies: %v", err)
+		}
+	}
+}
+
+// Isolate cuts every route between server i and the others in mode (its
+// clients stay connected to it); Heal restores them.
+func (c *Cluster) Isolate(i int, mode CutMode) {
+	for j, s := range c.servers {
+		if j == i {
+			for _, p := range s.RouteProxies {
+				p.Cut(mode)
+			}
+			continue
+		}
+		if p := s.RouteProxies[i]; p != nil {
+			p.Cut(mode)
+		}
+	}
+}
+
+// Heal restores what Isolate(i) cut.
+func (c *Cluster) Heal(i int) {
+	for j, s := range c.servers {
+		if j == i {
+			for _, p := range s.RouteProxies {
+				p.Restore()
+			}
+			continue
+		}
+		if p := s.RouteProxies[i]; p != nil {
+			p.Restore()
+		}
+	}
 }
 
 // N is the number of servers.
