@@ -58,6 +58,7 @@ export class MeshError extends Error {
     this.id = id;
     this.local = local;
     this.attempts = attempts;
+    this.wireReason = reason;
   }
 
   /** The verdict class: Failed, ShuttingDown, Unavailable or Ignored. */
@@ -141,5 +142,11 @@ export function decodeReply(msg, { id = "", attempts = 1 } = {}) {
       attempts,
     });
   }
-  return new MeshError({ verdict: v.verdict, reason: v.reason, message: v.message, node: v.node, id: v.id || id, attempts });
+  // A reason contradicting its verdict is read as unknown (§4.1, as verdict.Decode does); the wire
+  // value stays in wireReason.
+  const r = Reasons[v.reason];
+  const reason = r && r.verdict !== v.verdict ? "" : v.reason;
+  const e = new MeshError({ verdict: v.verdict, reason, message: v.message, node: v.node, id: v.id || id, attempts });
+  e.wireReason = v.reason;
+  return e;
 }

@@ -97,7 +97,10 @@ test("a reason contradicting Mesh-Verdict: the verdict is trusted (§4.1)", () =
   // Failed + a resendable reason: Failed, terminal
   let e = decodeReply(reply({ "Mesh-Verdict": "Failed", "Mesh-Reason": "no-placement" }));
   assert.equal(e.classify(), "Failed");
+  assert.equal(e.reason, ""); // read as unknown, as verdict.Decode does
+  assert.equal(e.wireReason, "no-placement");
   assert.equal(e.isResendable(), false);
+  assert.equal(e.isTransient(), false);
   // ShuttingDown + a terminal reason: ShuttingDown, resendable
   e = decodeReply(reply({ "Mesh-Verdict": "ShuttingDown", "Mesh-Reason": "inbox-full" }));
   assert.equal(e.classify(), "ShuttingDown");
