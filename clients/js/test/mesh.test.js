@@ -111,6 +111,20 @@ describe("against a real meshd", { timeout: 60_000 }, () => {
     assert.equal((await request(nc, addr, "k", { type: "get" })).text(), "2");
   });
 
+  test("dedupe scope is the caller: default _INBOX clients share one, an own inboxPrefix is apart (§3.3)", async () => {
+    const other = await connect({ servers: mesh.url });
+    const alice = await connect({ servers: mesh.url, inboxPrefix: "_INBOX.alice" });
+    try {
+      const id = newDeliveryId();
+      assert.equal((await request(nc, "echo/scope", "mine", { id })).text(), "mine");
+      assert.equal((await request(other, "echo/scope", "other", { id })).text(), "mine"); // one caller: inbox:_INBOX
+      assert.equal((await request(alice, "echo/scope", "alice", { id })).text(), "alice"); // inbox:_INBOX.alice
+    } finally {
+      await other.close();
+      await alice.close();
+    }
+  });
+
   test("invalid input is refused by the client before sending, with the documented reason", async () => {
     const s = await spy(ncSpy, "mesh.v1.in.>");
     const cases = [
