@@ -1,0 +1,3 @@
+export * from "./encoding.js";
+export * from "./verdict.js";
+export * from "./client.js";
