@@ -293,6 +293,13 @@ func TestSuperclusterGateway(t *testing.T) {
 // senderNode) with the test nodes' detection settings, through url.
 func superSender(t *testing.T, url string, late func(mesh.LateVerdict)) *mesh.Node {
 	t.Helper()
+	return superSenderTTL(t, url, testTTL, late)
+}
+
+// superSenderTTL is superSender with a registry TTL of ttl (if it creates
+// the registry, every node follows it).
+func superSenderTTL(t *testing.T, url string, ttl time.Duration, late func(mesh.LateVerdict)) *mesh.Node {
+	t.Helper()
 	log := &natstest.SyncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -309,7 +316,7 @@ func superSender(t *testing.T, url string, late func(mesh.LateVerdict)) *mesh.No
 	t.Cleanup(nc.Close)
 	n, err := mesh.NewNode(mesh.NodeConfig{
 		Conn: nc, Name: "sender", DisableIngress: true, DisableControl: true, Logger: slog.New(slog.NewJSONHandler(log, nil)),
-		Membership: &mesh.MembershipConfig{Heartbeat: testHeartbeat, TTL: testTTL, Replicas: 3},
+		Membership: &mesh.MembershipConfig{Heartbeat: testHeartbeat, TTL: ttl, Replicas: 3},
 	}, mesh.WithSaturationThreshold(0), mesh.WithLateVerdicts(late))
 	if err != nil {
 		t.Fatal(err)

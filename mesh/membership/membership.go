@@ -336,16 +336,10 @@ type Membership struct {
 	// rewatches counts watcher restarts for blindness.
 	rewatches atomic.Int64
 
-	// The registration lease (lease.go): stalled is the probe's finding
-	// that the registry takes nobody's writes; probe and lapseLogged are
-	// the heartbeat goroutine's own.
-	stalled     atomic.Bool
+	// The registration lease (lease.go): lapseLogged is the heartbeat
+	// goroutine's own.
 	lapses      atomic.Int64
 	lapseLogged bool
-	probe       struct {
-		revs map[string]uint64
-		at   time.Time
-	}
 
 	lost      chan struct{}
 	lostOnce  sync.Once

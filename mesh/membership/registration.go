@@ -257,9 +257,9 @@ func (m *Membership) heartbeat() {
 		case <-m.beatNow:
 		}
 		err := m.beat()
+		m.noteLease()
 		switch {
 		case err == nil:
-			m.resetProbe()
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
 			cur, rev, gerr := m.readEntry(m.ctx, m.cfg.Name)
 			self := m.Self()
@@ -292,7 +292,6 @@ func (m *Membership) heartbeat() {
 		default:
 			if m.ctx.Err() == nil {
 				m.log.Warn("heartbeat failed", "err", err)
-				m.probeRegistry()
 			}
 		}
 	}
