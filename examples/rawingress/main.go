@@ -348,9 +348,11 @@ func (c *Caller) Request(ctx context.Context, subject, typ string, payload []byt
 			// No node serves the ingress right now: nothing was delivered.
 			c.count(func(s *Stats) { s.ResentNoResponders++ })
 			resend = true
-		case dropped && ctx.Err() == nil:
-			// The connection dropped with the request in flight: the
-			// reply, if any, was lost with it. Same Mesh-Id again.
+		case (dropped || errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting)) && ctx.Err() == nil:
+			// The connection dropped with the request in flight (or
+			// before it left: nats.go says so before this caller's own
+			// watch saw the drop): the reply, if any, was lost with it.
+			// Same Mesh-Id again.
 			c.count(func(s *Stats) { s.ResentDropped++ })
 			resend = true
 		case ctx.Err() != nil:
