@@ -13,6 +13,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/internal/meshtrace"
 
+	"github.com/natsmesh/natsmesh/internal/plant"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -169,6 +170,10 @@ func (a *activation) turns() {
 			a.mu.Unlock()
 			a.handleBatch(b, batch)
 			continue
+		}
+		if plant.On(plant.ReorderLane) && len(a.queue)-a.head >= 2 {
+			last := len(a.queue) - 1
+			a.queue[a.head], a.queue[last] = a.queue[last], a.queue[a.head]
 		}
 		e := a.queue[a.head]
 		a.queue[a.head] = nil

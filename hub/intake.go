@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/natsmesh/natsmesh/internal/plant"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -42,7 +43,7 @@ func (h *Host) intake(m *nats.Msg) {
 			return
 		}
 	}
-	if r := h.dedupe.lookup(e.key); r != nil {
+	if r := h.dedupe.lookup(e.key); r != nil && !plant.On(plant.SkipDedupe) {
 		h.duplicate(m, e, r)
 		return
 	}

@@ -76,6 +76,42 @@ func Build(t testing.TB) Binaries {
 	return built
 }
 
+var (
+	plantedOnce sync.Once
+	plantedBin  string
+	plantedErr  error
+)
+
+// BuildPlantedTestNode compiles the testnode with the build tag
+// natsmesh_plant (package internal/plant: bugs switched on by
+// NATSMESH_PLANT in its environment) once per test binary, and returns its
+// path.
+func BuildPlantedTestNode(t testing.TB) string {
+	t.Helper()
+	plantedOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "natsmesh-planted-")
+		if err != nil {
+			plantedErr = err
+			return
+		}
+		root, err := moduleRoot()
+		if err != nil {
+			plantedErr = err
+			return
+		}
+		plantedBin = filepath.Join(dir, "testnode")
+		cmd := exec.Command("go", "build", "-tags", "natsmesh_plant", "-o", plantedBin, "./integration/testnode")
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			plantedErr = fmt.Errorf("go build -tags natsmesh_plant ./integration/testnode: %v\n%s", err, b)
+		}
+	})
+	if plantedErr != nil {
+		t.Fatalf("integration: %v", plantedErr)
+	}
+	return plantedBin
+}
+
 func moduleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -99,8 +100,15 @@ func nemesisFromEnv(t *testing.T) nemesisConfig {
 // TestNemesis runs the workload under the seeded schedule and checks the
 // history.
 func TestNemesis(t *testing.T) {
-	began := time.Now()
 	cfg := nemesisFromEnv(t)
+	n, h := runNemesis(t, cfg, "")
+	n.report(cfg, h)
+}
+
+// runNemesis runs the nemesis of cfg with testnode processes of binary bin
+// (empty: Build's) and returns the run and its history, not yet judged.
+func runNemesis(t *testing.T, cfg nemesisConfig, bin string) (*nemesisRun, *nemesis.History) {
+	began := time.Now()
 	sched, err := nemesis.Generate(nemesis.ScheduleConfig{
 		Seed: cfg.seed, Duration: cfg.duration, Nodes: nemesisNodes, Servers: 3, Kinds: cfg.kinds,
 		// Detection of a frozen node (~1.2 s: the server's pings) plus the
@@ -131,7 +139,7 @@ func TestNemesis(t *testing.T) {
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	now := time.Now().UnixNano()
-	n := &nemesisRun{t: t, c: c, rec: nemesis.NewRecorder(cfg.seed, now), start: now}
+	n := &nemesisRun{t: t, c: c, rec: nemesis.NewRecorder(cfg.seed, now), start: now, bin: bin}
 	n.sender = senderNode(t, c.URL(), func(v mesh.LateVerdict) {
 		n.rec.AddLate(nemesis.Late{ID: v.ID, At: time.Now().UnixNano(), Outcome: nemesis.OutcomeOf(v.Err)})
 	})
@@ -169,13 +177,17 @@ func TestNemesis(t *testing.T) {
 	w.progress(t, 100)
 	faulted := time.Since(start)
 	w.stop()
+	w.mu.Lock()
+	if len(w.wrong) > 0 {
+		t.Errorf("%d re-sent requests answered with another response than their first, e.g. %s", len(w.wrong), w.wrong[0])
+	}
+	w.mu.Unlock()
 	n.waitTurnsSettled()
 	h := n.rec.Finish(time.Now().UnixNano(), n.turns())
-	settled := time.Since(start)
-	n.report(cfg, h)
-	t.Logf("timing: build %v, cluster and nodes %v, faults and recovery %v, settling %v, checks %v",
+	t.Logf("timing: build %v, cluster and nodes %v, faults and recovery %v, settling %v",
 		built.Sub(began).Round(time.Millisecond), start.Sub(built).Round(time.Millisecond),
-		faulted.Round(time.Millisecond), (settled - faulted).Round(time.Millisecond), (time.Since(start) - settled).Round(time.Millisecond))
+		faulted.Round(time.Millisecond), (time.Since(start) - faulted).Round(time.Millisecond))
+	return n, h
 }
 
 // nemesisNode is one testnode name and its successive processes.
@@ -203,10 +215,15 @@ type nemesisRun struct {
 	start  int64 // when recording started (Unix ns)
 	sender *mesh.Node
 	nodes  []*nemesisNode
+	bin    string // the testnode binary; empty: Build's
 }
 
 func (n *nemesisRun) startNode(nd *nemesisNode) {
-	nd.proc = StartTestNode(n.t, "--name", nd.name, "--nats-url", nd.url(), "--kv-replicas", "3",
+	bin := n.bin
+	if bin == "" {
+		bin = Build(n.t).TestNode
+	}
+	nd.proc = startNode(n.t, bin, "--name", nd.name, "--nats-url", nd.url(), "--kv-replicas", "3",
 		"--ttl", membership.DefaultTTL.String(), "--heartbeat", membership.DefaultHeartbeat.String())
 	nd.procs = append(nd.procs, nd.proc)
 }
@@ -413,6 +430,15 @@ type workload struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	done   int
+	wrong  []string // re-sends answered with another response than the first
+}
+
+// mismatch records a wrong answer to a caller's re-send (reported by
+// progress's caller through mismatches).
+func (w *workload) mismatch(what string) {
+	w.mu.Lock()
+	w.wrong = append(w.wrong, what)
+	w.mu.Unlock()
 }
 
 func (w *workload) completed() int {
@@ -554,6 +580,16 @@ func (w *workload) lane(client int, rng *rand.Rand, addr, stream string, pipelin
 				i := w.invoke(op)
 				resp, err := w.sender.Request(ctx, d)
 				w.complete(i, resp.Receipt, err, nil)
+				if err == nil && rng.IntN(8) == 0 {
+					// A caller's own re-send of a handled request, same ID
+					// (as after a lost answer): the intake's dedupe answers
+					// it with the kept response, and the handler must not
+					// run again (CheckAtMostOnce sees a second turn).
+					again, err := w.sender.Request(ctx, d)
+					if err == nil && !bytes.Equal(again.Payload, resp.Payload) {
+						w.mismatch(fmt.Sprintf("re-sent %s answered %q, first %q", d.ID, again.Payload, resp.Payload))
+					}
+				}
 			} else {
 				i := w.invoke(op)
 				r, err := w.sender.Deliver(ctx, d)

@@ -1,0 +1,24 @@
+// Package plant plants known bugs in the mesh, for the nemesis to find
+// (issue 21, "proof the checker bites"): each bug is a one-line deviation
+// at the place the mesh guards a guarantee, switched on only in a binary
+// built with the build tag natsmesh_plant AND named in the environment
+// variable NATSMESH_PLANT (comma-separated). Without the tag every On is a
+// constant false, so no production build can be switched. The tests that
+// use it are integration.TestNemesisPlanted*.
+package plant
+
+// Bug names a planted bug.
+type Bug string
+
+// The bugs, each with the check that must catch it.
+const (
+	// SkipDedupe: the intake forgets every delivery ID it accepted, so a
+	// re-send is handled again (at-most-once).
+	SkipDedupe Bug = "skip-dedupe"
+	// ReorderLane: an activation takes its inbox newest first when two
+	// or more deliveries wait (lane-order).
+	ReorderLane Bug = "reorder-lane"
+)
+
+// EnvVar names the bugs switched on in a planted build.
+const EnvVar = "NATSMESH_PLANT"
