@@ -54,7 +54,8 @@ func checkDeliver(t testing.TB, cfg Config) {
 
 // checkRequestResponse: with Mesh-Expect-Response: true the reply carries
 // the handler's response (echo: the payload, byte for byte, empty for
-// empty; §7); any other value of the header is a plain delivery (§3.2).
+// empty, 64 KiB; §7), also with Mesh-Idempotent: true (§3.3); any other
+// value of Mesh-Expect-Response is a plain delivery (§3.2).
 func checkRequestResponse(t testing.TB, cfg Config) {
 	s := newSuite(t, cfg, KindEcho)
 	to := s.addr(KindEcho, "request")
@@ -69,6 +70,10 @@ func checkRequestResponse(t testing.TB, cfg Config) {
 		if s.wantAccepted(label, r) && !bytes.Equal(r.Data, p) {
 			t.Errorf("%s: response of %d bytes, want the payload back (§7)", label, len(r.Data))
 		}
+	}
+	r := s.reply("Mesh-Idempotent: true", nil, msg{addr: to, id: newID(), request: true, data: []byte("idem"), header: nats.Header{"Mesh-Idempotent": {"true"}}})
+	if s.wantAccepted("Mesh-Idempotent: true", r) && string(r.Data) != "idem" {
+		t.Errorf("Mesh-Idempotent: true: response %q, want \"idem\" (§3.3: honoured, the same answer)", r.Data)
 	}
 	for _, v := range []string{"True", "yes", "1", ""} {
 		label := fmt.Sprintf("%s: %q", hExpectResponse, v)
@@ -336,28 +341,33 @@ func checkNodeOnlyTypes(t testing.TB, cfg Config) {
 // Unavailable/no-placement from the ingress node itself (after its
 // placement wait: resendable, nothing sent), or, on a one-node mesh
 // without membership, Failed/unknown-kind from the node (§3.3, §4.2, §7).
-// The plain delivery and the request run side by side.
+// Without a Mesh-Id the refusal carries the ID the ingress generated, the
+// one to re-send under (§3.3). The three deliveries run side by side.
 func checkUnknownKind(t testing.TB, cfg Config) {
 	s := newSuite(t, cfg)
 	kind := "meshtest-nope-" + s.run
 	var wg sync.WaitGroup
-	replies := make([]*nats.Msg, 2)
 	msgs := []msg{
 		{addr: kind + "/x", id: newID(), data: []byte("x")},
 		{addr: kind + "/y", id: newID(), data: []byte("y"), request: true},
+		{addr: kind + "/z", data: []byte("z")},
 	}
-	errs := make([]error, 2)
+	replies := make([]*nats.Msg, len(msgs))
+	errs := make([]error, len(msgs))
 	for i := range msgs {
 		wg.Go(func() { replies[i], errs[i] = s.send(nil, msgs[i]) })
 	}
 	wg.Wait()
 	for i, r := range replies {
-		label := fmt.Sprintf("kind %q (request %v)", kind, msgs[i].request)
+		label := fmt.Sprintf("kind %q (request %v, Mesh-Id %q)", kind, msgs[i].request, msgs[i].id)
 		if errs[i] != nil {
 			t.Errorf("%s: no reply: %v", label, errs[i])
 			continue
 		}
 		s.checkReply(label, msgs[i], r)
+		if id := r.Header.Get(hID); msgs[i].id == "" && !generatedID.MatchString(id) {
+			t.Errorf("%s: reply %s %q, want the generated ID to re-send under (§3.3)", label, hID, id)
+		}
 		if r.Header.Get(hReason) == "unknown-kind" {
 			s.wantFailure(label, r, failed, "unknown-kind", byOwner)
 		} else {
