@@ -1,0 +1,300 @@
+package meshtest_test
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsmesh/natsmesh/hubs"
+	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh"
+	"github.com/natsmesh/natsmesh/meshtest"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// startNode runs a member node hosting the built-in kinds (echo, kv) on s,
+// on its own connection, closed when the test ends.
+func startNode(t *testing.T, s *server.Server, name string) *mesh.Node {
+	t.Helper()
+	n, err := mesh.NewNode(mesh.NodeConfig{Conn: natstest.Connect(t, s), Name: name, Logger: quiet,
+		Membership: &mesh.MembershipConfig{}}, mesh.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for kind, f := range hubs.Builtin(n.Client, quiet) {
+		if err := n.Register(kind, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
+// TestConformance runs the suite against this implementation: two member
+// nodes on one server, each serving the ingress and hosting echo and kv,
+// so that most deliveries are forwarded from the ingress node to another
+// owner.
+func TestConformance(t *testing.T) {
+	s := natstest.RunServer(t)
+	startNode(t, s, "n1")
+	startNode(t, s, "n2")
+	meshtest.Run(t, meshtest.Config{
+		Conn:        natstest.Connect(t, s),
+		OtherCaller: natstest.Connect(t, s, nats.CustomInboxPrefix("_INBOX.meshtest-other")),
+		Timeout:     20 * time.Second,
+	})
+}
+
+// TestConformanceStandalone runs the checks that differ on a one-node mesh
+// without membership (unknown-kind instead of no-placement) and a custom
+// prefix.
+func TestConformanceStandalone(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, err := mesh.NewNode(mesh.NodeConfig{Conn: natstest.Connect(t, s), Name: "solo", Logger: quiet, Prefix: "acme.mesh.v1"}, mesh.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Register(hubs.EchoKind, hubs.Echo); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	cfg := meshtest.Config{Conn: natstest.Connect(t, s), Prefix: "acme.mesh.v1", Kinds: []string{meshtest.KindEcho}}
+	for _, c := range meshtest.Checks() {
+		switch c.Name {
+		case "UnknownKind", "Deliver", "TokenEncoding", "SubjectShape", "Dedupe":
+			t.Run(c.Name, func(t *testing.T) { c.Func(t, cfg) })
+		}
+	}
+}
+
+// ExampleRun shows another implementation's conformance test: its mesh
+// runs at NATS_URL with the default prefix and hosts the built-in kinds.
+func ExampleRun() {
+	conformance := func(t *testing.T) {
+		nc, err := nats.Connect(os.Getenv("NATS_URL"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		other, err := nats.Connect(os.Getenv("NATS_URL"), nats.CustomInboxPrefix("_INBOX.conformance"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		meshtest.Run(t, meshtest.Config{
+			Conn:        nc,
+			Prefix:      meshtest.DefaultPrefix,
+			Kinds:       []string{meshtest.KindEcho, meshtest.KindKV},
+			OtherCaller: other, // seen as another caller: its own inbox prefix
+			Timeout:     35 * time.Second,
+		})
+	}
+	_ = conformance // func TestConformance(t *testing.T) { conformance(t) }
+}
+
+// recorder is a testing.TB that records failures instead of reporting
+// them, so a test can assert that a check fails. Fatal and Skip end the
+// check's goroutine, as on a real T.
+type recorder struct {
+	testing.TB
+	mu      sync.Mutex
+	errs    []string
+	failed  bool
+	skipped bool
+}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+	r.failed = true
+}
+func (r *recorder) Error(args ...any)                 { r.Errorf("%s", fmt.Sprint(args...)) }
+func (r *recorder) Fatalf(format string, args ...any) { r.Errorf(format, args...); runtime.Goexit() }
+func (r *recorder) Fatal(args ...any)                 { r.Error(args...); runtime.Goexit() }
+func (r *recorder) Fail()                             { r.mu.Lock(); r.failed = true; r.mu.Unlock() }
+func (r *recorder) FailNow()                          { r.Fail(); runtime.Goexit() }
+func (r *recorder) Failed() bool                      { r.mu.Lock(); defer r.mu.Unlock(); return r.failed }
+func (r *recorder) Skip(args ...any)                  { r.SkipNow() }
+func (r *recorder) Skipf(string, ...any)              { r.SkipNow() }
+func (r *recorder) SkipNow()                          { r.mu.Lock(); r.skipped = true; r.mu.Unlock(); runtime.Goexit() }
+func (r *recorder) Skipped() bool                     { r.mu.Lock(); defer r.mu.Unlock(); return r.skipped }
+
+// runCheck runs the check named name against cfg on a recorder.
+func runCheck(t *testing.T, name string, cfg meshtest.Config) *recorder {
+	t.Helper()
+	for _, c := range meshtest.Checks() {
+		if c.Name == name {
+			r := &recorder{TB: t}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				c.Func(r, cfg)
+			}()
+			<-done
+			return r
+		}
+	}
+	t.Fatalf("no check %q", name)
+	return nil
+}
+
+// fake is a tiny ingress for kind echo, written for these tests, with
+// switchable defects.
+type fake struct {
+	noDedupe bool // answer a repeated ID as a new delivery
+	noReason bool // omit Mesh-Reason on refusals
+	leakKey  bool // put a Mesh-Answer-Key on Accepted
+
+	mu   sync.Mutex
+	kept map[string][]byte // (caller, ID) → response
+	n    int
+}
+
+func (f *fake) serve(t *testing.T, nc *nats.Conn, prefix string) {
+	t.Helper()
+	f.kept = map[string][]byte{}
+	sub, err := nc.QueueSubscribe(prefix+".in.*.*", "natsmesh-ingress", f.handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fake) handle(m *nats.Msg) {
+	r := nats.NewMsg(m.Reply)
+	refuse := func(reason, message string) {
+		r.Header.Set("Mesh-Verdict", "Failed")
+		if !f.noReason {
+			r.Header.Set("Mesh-Reason", reason)
+		}
+		r.Header.Set("Mesh-Message", message)
+		_ = m.RespondMsg(r)
+	}
+	id, given := "", false
+	if v, ok := m.Header["Mesh-Id"]; ok && len(v) > 0 {
+		id, given = v[0], true
+	}
+	if given && !printableID(id) {
+		refuse("invalid-id", "bad ID")
+		return
+	}
+	if !given {
+		f.mu.Lock()
+		f.n++
+		id = fmt.Sprintf("fakegeneratedid%07d", f.n)
+		f.mu.Unlock()
+	}
+	tokens := strings.Split(m.Subject, ".")
+	if kind, _, _ := strings.Cut(tokens[len(tokens)-2], "/"); kind != "echo" {
+		refuse("unknown-kind", "fake hosts echo only")
+		return
+	}
+	if len(m.Header.Get("Mesh-Type")) > 256 {
+		refuse("bad-request", "type too long")
+		return
+	}
+	var resp []byte
+	if m.Header.Get("Mesh-Expect-Response") == "true" {
+		resp = m.Data
+	}
+	// The caller is the reply's inbox prefix (§3.3).
+	caller := m.Reply
+	if p := strings.Split(m.Reply, "."); len(p) > 2 {
+		caller = strings.Join(p[:len(p)-2], ".")
+	}
+	key := caller + " " + id
+	f.mu.Lock()
+	if kept, ok := f.kept[key]; ok && !f.noDedupe {
+		resp = kept
+	} else {
+		f.kept[key] = resp
+	}
+	f.mu.Unlock()
+	r.Header.Set("Mesh-Verdict", "Accepted")
+	r.Header.Set("Mesh-Node", "fake.1")
+	r.Header.Set("Mesh-Id", id)
+	if f.leakKey {
+		r.Header.Set("Mesh-Answer-Key", "00112233445566778899aabbccddeeff")
+	}
+	if m.Header.Get("Mesh-Expect-Response") == "true" {
+		r.Data = resp
+	}
+	_ = m.RespondMsg(r)
+}
+
+func printableID(id string) bool {
+	if len(id) < 1 || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7E {
+			return false
+		}
+	}
+	return true
+}
+
+// TestChecksBite runs single checks against the fake ingress: without a
+// defect they pass, so each failure below is the defect's.
+func TestChecksBite(t *testing.T) {
+	checks := []struct {
+		name   string
+		defect func(*fake)
+		want   string // in one of the recorded failures
+	}{
+		{"Dedupe", func(f *fake) { f.noDedupe = true }, "the handler ran again"},
+		{"DedupePerCaller", func(f *fake) { f.noDedupe = true }, "(Mesh-Caller, Mesh-Id)"},
+		{"InvalidID", func(f *fake) { f.noReason = true }, "want Failed/invalid-id"},
+		{"InvalidID", func(f *fake) { f.noReason = true }, "a Failed reply without Mesh-Reason"},
+		{"Deliver", func(f *fake) { f.leakKey = true }, "Mesh-Answer-Key"},
+	}
+	for i, c := range checks {
+		t.Run(fmt.Sprintf("%s/%d", c.name, i), func(t *testing.T) {
+			s := natstest.RunServer(t, natstest.WithoutJetStream())
+			cfg := meshtest.Config{
+				Conn:        natstest.Connect(t, s),
+				OtherCaller: natstest.Connect(t, s, nats.CustomInboxPrefix("_INBOX.other")),
+				Kinds:       []string{meshtest.KindEcho},
+				Timeout:     5 * time.Second,
+			}
+			good := &fake{}
+			good.serve(t, natstest.Connect(t, s), meshtest.DefaultPrefix)
+			if r := runCheck(t, c.name, cfg); r.Failed() || r.Skipped() {
+				t.Fatalf("%s fails against the fake without defect (skipped %v): %q", c.name, r.Skipped(), r.errs)
+			}
+			bad := &fake{}
+			c.defect(bad)
+			bs := natstest.RunServer(t, natstest.WithoutJetStream())
+			bad.serve(t, natstest.Connect(t, bs), meshtest.DefaultPrefix)
+			cfg.Conn = natstest.Connect(t, bs)
+			cfg.OtherCaller = natstest.Connect(t, bs, nats.CustomInboxPrefix("_INBOX.other"))
+			r := runCheck(t, c.name, cfg)
+			if !r.Failed() {
+				t.Fatalf("%s passes against the defective fake", c.name)
+			}
+			if !strings.Contains(strings.Join(r.errs, "\n"), c.want) {
+				t.Errorf("%s fails, but without %q:\n%s", c.name, c.want, strings.Join(r.errs, "\n"))
+			}
+			t.Logf("%s against the defect: %d failures, first: %s", c.name, len(r.errs), r.errs[0])
+		})
+	}
+}
