@@ -381,6 +381,7 @@ func (n *nemesisRun) report(cfg nemesisConfig, h *nemesis.History) {
 		faults[f.Kind]++
 	}
 	t.Logf("seed %d: %d faults %v; %d operations %v, %d late verdicts, %d turns", cfg.seed, len(h.Faults), faults, len(h.Ops), verdicts, len(h.Late), len(h.Turns))
+	t.Logf("worst unavailability by fault kind (no operation completed Accepted, within %v after each fault): %v", nemesis.UnavailabilityWindow, nemesis.Unavailability(h))
 	results := nemesis.Run(h, nemesis.Options{OutDir: cfg.out})
 	failed := false
 	for _, r := range results {
