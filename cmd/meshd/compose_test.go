@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/natsmesh/natsmesh/hubs"
@@ -351,14 +352,23 @@ func (s dockerStage) envOf() map[string]string {
 
 // --- loading ----------------------------------------------------------------
 
-// setup is compose.yaml and the Dockerfile, parsed and classified.
+// reporter takes a check's findings: a *testing.T, or a findings list in
+// the tests that show a check catches a broken variant.
+type reporter interface {
+	Helper()
+	Errorf(format string, args ...any)
+}
+
+// setup is a compose file and the Dockerfile, parsed and classified.
 type setup struct {
+	file          string // the compose file's name, relative to repoRoot
 	compose       composeFile
 	nats, meshd   []*composeService // sorted by name
 	stages        []dockerStage
 	entrypoint    []string // the final stage's ENTRYPOINT, exec form
 	imageEnv      map[string]string
 	natsOpts      map[string]*server.Options // by service name, after loadNATS
+	natsConf      map[string]natsConfFile    // by service name, after loadNATS
 	exposed       map[int]bool
 	modulePath    string
 	goVersion     string // go.mod's go directive
@@ -367,16 +377,23 @@ type setup struct {
 
 func loadSetup(t *testing.T) *setup {
 	t.Helper()
-	s := &setup{natsOpts: map[string]*server.Options{}, exposed: map[int]bool{}}
-	raw, err := os.ReadFile(filepath.Join(repoRoot, "compose.yaml"))
+	return loadSetupFile(t, "compose.yaml")
+}
+
+// loadSetupFile is loadSetup for the compose file file (relative to the
+// repository root).
+func loadSetupFile(t *testing.T, file string) *setup {
+	t.Helper()
+	s := &setup{file: file, natsOpts: map[string]*server.Options{}, natsConf: map[string]natsConfFile{}, exposed: map[int]bool{}}
+	raw, err := os.ReadFile(filepath.Join(repoRoot, file))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := yaml.Unmarshal(raw, &s.compose); err != nil {
-		t.Fatalf("compose.yaml: %v", err)
+		t.Fatalf("%s: %v", file, err)
 	}
 	if len(s.compose.Services) == 0 {
-		t.Fatal("compose.yaml: no services")
+		t.Fatalf("%s: no services", file)
 	}
 
 	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
@@ -447,7 +464,7 @@ func loadSetup(t *testing.T) *setup {
 		case svc.Build != nil:
 			s.meshd = append(s.meshd, svc)
 		default:
-			t.Errorf("compose.yaml: service %q is neither a NATS server (image nats:2.x) nor built from the Dockerfile; teach cmd/meshd/compose_test.go about it", n)
+			t.Errorf("%s: service %q is neither a NATS server (image nats:2.x) nor built from the Dockerfile; teach cmd/meshd/compose_test.go about it", file, n)
 		}
 	}
 	return s
@@ -496,43 +513,46 @@ func withContainerEnv(t *testing.T, env map[string]string) {
 // natsOptions parses a NATS service's command with nats-server's real flag
 // set, and its --config file (the bind-mounted host file) with the real
 // config parser.
-func natsOptions(svc *composeService) (*server.Options, error) {
+func natsOptions(svc *composeService) (*server.Options, natsConfFile, error) {
 	args := svc.Command.Args
 	if !svc.Command.Set { // the nats image's CMD
 		args = []string{"--config", "/etc/nats/nats-server.conf"}
 	}
 	if svc.Entrypoint.Set {
-		return nil, fmt.Errorf("entrypoint: set; this test assumes the nats image's own")
+		return nil, natsConfFile{}, fmt.Errorf("entrypoint: set; this test assumes the nats image's own")
 	}
 	if len(args) > 0 && args[0] == "nats-server" {
 		args = args[1:]
 	} else if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		return nil, fmt.Errorf("command %q: the nats image runs that as a program, not nats-server; start it with nats-server or a flag", args)
+		return nil, natsConfFile{}, fmt.Errorf("command %q: the nats image runs that as a program, not nats-server; start it with nats-server or a flag", args)
 	}
 	// Map the container path of --config to the host file.
+	var cf natsConfFile
 	args = slices.Clone(args)
 	for i := 0; i < len(args); i++ {
 		name, val, hasVal := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
 		switch name {
 		case "sl", "signal", "h", "help", "help_tls", "v", "version":
-			return nil, fmt.Errorf("command %q: flag -%s does not run a server", args, name)
+			return nil, natsConfFile{}, fmt.Errorf("command %q: flag -%s does not run a server", args, name)
 		case "c", "config":
 			vi := i
 			if !hasVal {
 				if vi++; vi >= len(args) {
-					return nil, fmt.Errorf("command %q: --config without a file", args)
+					return nil, natsConfFile{}, fmt.Errorf("command %q: --config without a file", args)
 				}
 				val = args[vi]
 			}
 			host := ""
+			cf.container = val
 			for _, v := range svc.Volumes {
 				if v.Type == "bind" && v.Target == val {
 					host = filepath.Join(repoRoot, filepath.FromSlash(v.Source))
 				}
 			}
 			if host == "" {
-				return nil, fmt.Errorf("--config %s is not a file bind-mounted in volumes:", val)
+				return nil, natsConfFile{}, fmt.Errorf("--config %s is not a file bind-mounted in volumes:", val)
 			}
+			cf.host = host
 			if hasVal {
 				args[i] = "--config=" + host
 			} else {
@@ -545,25 +565,30 @@ func natsOptions(svc *composeService) (*server.Options, error) {
 	noop := func() {}
 	opts, err := server.ConfigureOptions(fs, args, noop, noop, noop)
 	if err != nil {
-		return nil, fmt.Errorf("nats-server rejects command %q with its config: %v", svc.Command.Args, err)
+		return nil, natsConfFile{}, fmt.Errorf("nats-server rejects command %q with its config: %v", svc.Command.Args, err)
 	}
 	if opts == nil {
-		return nil, fmt.Errorf("command %q does not run a server", svc.Command.Args)
+		return nil, natsConfFile{}, fmt.Errorf("command %q does not run a server", svc.Command.Args)
 	}
-	return opts, nil
+	return opts, cf, nil
 }
 
-// loadNATS fills s.natsOpts; it reports every NATS service that does not
+// natsConfFile is a NATS service's --config: the path in the container and
+// the bind-mounted host file.
+type natsConfFile struct{ container, host string }
+
+// loadNATS fills s.natsOpts and s.natsConf; it reports every NATS service that does not
 // parse.
 func (s *setup) loadNATS() []error {
 	var errs []error
 	for _, svc := range s.nats {
-		o, err := natsOptions(svc)
+		o, cf, err := natsOptions(svc)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("compose.yaml: service %q: %w", svc.name, err))
+			errs = append(errs, fmt.Errorf("%s: service %q: %w", s.file, svc.name, err))
 			continue
 		}
 		s.natsOpts[svc.name] = o
+		s.natsConf[svc.name] = cf
 	}
 	return errs
 }
@@ -586,101 +611,200 @@ func TestComposeNATSCluster(t *testing.T) {
 		}
 		t.FailNow()
 	}
+	if c := s.clusters(); len(c) != 1 {
+		t.Errorf("compose.yaml: the NATS services form %d clusters (%v), want one", len(c), c)
+	}
+	s.checkNATSServers(t, func(string) bool { return true })
+}
+
+// clusters maps each NATS cluster's name to its services (sorted by name).
+func (s *setup) clusters() map[string][]string {
+	c := map[string][]string{}
+	for _, svc := range s.nats {
+		if o := s.natsOpts[svc.name]; o != nil {
+			c[o.Cluster.Name] = append(c[o.Cluster.Name], svc.name)
+		}
+	}
+	return c
+}
+
+// checkNATSServers checks every NATS service (after loadNATS): unique server
+// names; within each cluster routes between every pair, none across
+// clusters; with more than one cluster, gateways joining them (the gateway
+// name is the cluster name, and every server lists every cluster with the
+// gateway URLs of all its servers); JetStream on its own store volume on
+// the servers of the clusters jetstream names, off elsewhere; published
+// ports that the server listens on; the healthcheck's port.
+func (s *setup) checkNATSServers(r reporter, jetstream func(cluster string) bool) {
+	r.Helper()
+	clusters := s.clusters()
 	serverNames := map[string]string{}
 	storeVolumes := map[string]string{}
-	clusterName := s.natsOpts[s.nats[0].name].Cluster.Name
 	for _, svc := range s.nats {
 		o := s.natsOpts[svc.name]
-		where := fmt.Sprintf("compose.yaml: service %q", svc.name)
+		where := fmt.Sprintf("%s: service %q", s.file, svc.name)
+		if o == nil {
+			r.Errorf("%s: not parsed", where)
+			continue
+		}
 		if !strings.HasPrefix(strings.TrimPrefix(svc.Image[strings.Index(svc.Image, ":")+1:], "v"), "2.") {
-			t.Errorf("%s: image %s: want a nats 2.x tag", where, svc.Image)
+			r.Errorf("%s: image %s: want a nats 2.x tag", where, svc.Image)
 		}
 		if o.ServerName == "" {
-			t.Errorf("%s: no server_name; JetStream clustering needs unique names", where)
+			r.Errorf("%s: no server_name; JetStream clustering needs unique names", where)
 		} else if other, dup := serverNames[o.ServerName]; dup {
-			t.Errorf("%s: server_name %q is also %q's", where, o.ServerName, other)
+			r.Errorf("%s: server_name %q is also %q's", where, o.ServerName, other)
 		}
 		serverNames[o.ServerName] = svc.name
 
-		// One cluster, with routes between every pair.
-		if o.Cluster.Name == "" || o.Cluster.Name != clusterName {
-			t.Errorf("%s: cluster name %q, want the same non-empty name on every server (%q's is %q)", where, o.Cluster.Name, s.nats[0].name, clusterName)
+		// Its cluster, with routes between every pair.
+		cluster := o.Cluster.Name
+		if cluster == "" {
+			r.Errorf("%s: no cluster name", where)
 		}
 		if o.Cluster.Port == 0 {
-			t.Errorf("%s: no cluster listen port", where)
+			r.Errorf("%s: no cluster listen port", where)
 		}
-		if isLoopback(o.Cluster.Host) || isLoopback(o.Host) {
-			t.Errorf("%s: listens on loopback (client %q, cluster %q); other containers cannot reach it", where, o.Host, o.Cluster.Host)
+		if isLoopback(o.Cluster.Host) || isLoopback(o.Host) || isLoopback(o.Gateway.Host) {
+			r.Errorf("%s: listens on loopback (client %q, cluster %q, gateway %q); other containers cannot reach it", where, o.Host, o.Cluster.Host, o.Gateway.Host)
 		}
 		routes := map[string]bool{}
-		for _, r := range o.Routes {
-			other, ok := s.natsOpts[r.Hostname()]
+		for _, rt := range o.Routes {
+			other, ok := s.natsOpts[rt.Hostname()]
 			switch {
 			case !ok:
-				t.Errorf("%s: route %s: %q is not a NATS service in compose.yaml", where, r, r.Hostname())
-			case r.Hostname() == svc.name:
-				t.Errorf("%s: route %s points at itself", where, r)
-			case r.Port() != strconv.Itoa(other.Cluster.Port):
-				t.Errorf("%s: route %s: %s's cluster port is %d", where, r, r.Hostname(), other.Cluster.Port)
+				r.Errorf("%s: route %s: %q is not a NATS service in %s", where, rt, rt.Hostname(), s.file)
+			case rt.Hostname() == svc.name:
+				r.Errorf("%s: route %s points at itself", where, rt)
+			case other.Cluster.Name != cluster:
+				r.Errorf("%s: route %s leads to %s of cluster %q, not its own %q; clusters are joined by gateways, not routes", where, rt, rt.Hostname(), other.Cluster.Name, cluster)
+			case rt.Port() != strconv.Itoa(other.Cluster.Port):
+				r.Errorf("%s: route %s: %s's cluster port is %d", where, rt, rt.Hostname(), other.Cluster.Port)
 			default:
-				routes[r.Hostname()] = true
+				routes[rt.Hostname()] = true
 			}
 		}
-		for _, other := range s.nats {
-			if other.name != svc.name && !routes[other.name] {
-				t.Errorf("%s: no route to %s (want nats://%s:%d in cluster.routes)", where, other.name, other.name, s.natsOpts[other.name].Cluster.Port)
+		for _, other := range clusters[cluster] {
+			if other != svc.name && !routes[other] {
+				r.Errorf("%s: no route to %s (want nats://%s:%d in cluster.routes)", where, other, other, s.natsOpts[other].Cluster.Port)
 			}
 		}
 
-		// JetStream on its own store.
-		if !o.JetStream {
-			t.Errorf("%s: JetStream is not enabled", where)
+		// Gateways: the clusters joined into one supercluster.
+		if len(clusters) > 1 {
+			s.checkGateways(r, where, svc.name, clusters)
 		}
-		if o.StoreDir == "" {
-			t.Errorf("%s: no jetstream store_dir; it would default to a temporary directory", where)
-		} else {
-			vol := ""
-			for _, v := range svc.Volumes {
-				if v.Type == "volume" && (o.StoreDir == v.Target || strings.HasPrefix(o.StoreDir, strings.TrimSuffix(v.Target, "/")+"/")) {
-					vol = v.Source
+
+		// JetStream on its own store where its cluster has it, off elsewhere.
+		if wantJS := jetstream(cluster); o.JetStream != wantJS {
+			r.Errorf("%s: JetStream enabled is %v, want %v in cluster %q", where, o.JetStream, wantJS, cluster)
+		}
+		if o.JetStream {
+			if o.StoreDir == "" {
+				r.Errorf("%s: no jetstream store_dir; it would default to a temporary directory", where)
+			} else {
+				vol := ""
+				for _, v := range svc.Volumes {
+					if v.Type == "volume" && (o.StoreDir == v.Target || strings.HasPrefix(o.StoreDir, strings.TrimSuffix(v.Target, "/")+"/")) {
+						vol = v.Source
+					}
 				}
+				switch other, dup := storeVolumes[vol]; {
+				case vol == "":
+					r.Errorf("%s: store_dir %s is not on a named volume; the store would be lost with the container", where, o.StoreDir)
+				case dup:
+					r.Errorf("%s: store volume %q is also %q's; each server needs its own", where, vol, other)
+				}
+				storeVolumes[vol] = svc.name
 			}
-			switch other, dup := storeVolumes[vol]; {
-			case vol == "":
-				t.Errorf("%s: store_dir %s is not on a named volume; the store would be lost with the container", where, o.StoreDir)
-			case dup:
-				t.Errorf("%s: store volume %q is also %q's; each server needs its own", where, vol, other)
-			}
-			storeVolumes[vol] = svc.name
 		}
 
 		// Published ports are ports the server listens on; client and
 		// monitoring ports are published.
 		listens := map[int]string{clientPort(o): "client", o.Cluster.Port: "cluster"}
+		if o.Gateway.Port > 0 {
+			listens[o.Gateway.Port] = "gateway"
+		}
 		if o.HTTPPort > 0 {
 			listens[o.HTTPPort] = "monitoring"
 		} else {
-			t.Errorf("%s: no monitoring port (http: in its config)", where)
+			r.Errorf("%s: no monitoring port (http: in its config)", where)
 		}
 		published := map[int]bool{}
 		for _, p := range svc.Ports {
 			published[p.Container] = true
 			if _, ok := listens[p.Container]; !ok {
-				t.Errorf("%s: ports: %s publishes container port %d, where the server does not listen (client %d, monitoring %d, cluster %d)", where, p.Raw, p.Container, clientPort(o), o.HTTPPort, o.Cluster.Port)
+				r.Errorf("%s: ports: %s publishes container port %d, where the server does not listen (client %d, monitoring %d, cluster %d, gateway %d)", where, p.Raw, p.Container, clientPort(o), o.HTTPPort, o.Cluster.Port, o.Gateway.Port)
 			}
 		}
 		for _, want := range []int{clientPort(o), o.HTTPPort} {
 			if want > 0 && !published[want] {
-				t.Errorf("%s: its %s port %d is not published in ports:", where, listens[want], want)
+				r.Errorf("%s: its %s port %d is not published in ports:", where, listens[want], want)
 			}
 		}
 		if hc := svc.Healthcheck; hc != nil && !hc.Disable {
 			for _, a := range hc.Test.Args {
 				if u, err := url.Parse(a); err == nil && u.Scheme == "http" && u.Port() != strconv.Itoa(o.HTTPPort) {
-					t.Errorf("%s: healthcheck probes %s, but the monitoring port is %d", where, a, o.HTTPPort)
+					r.Errorf("%s: healthcheck probes %s, but the monitoring port is %d", where, a, o.HTTPPort)
 				}
 			}
 		}
+	}
+}
+
+// checkGateways checks the gateway block of the NATS service name in a
+// file of several clusters.
+func (s *setup) checkGateways(r reporter, where, name string, clusters map[string][]string) {
+	r.Helper()
+	o := s.natsOpts[name]
+	gw := o.Gateway
+	if gw.Name != o.Cluster.Name {
+		r.Errorf("%s: gateway name %q, want its cluster name %q (a supercluster names each cluster once)", where, gw.Name, o.Cluster.Name)
+	}
+	if gw.Port == 0 {
+		r.Errorf("%s: no gateway listen port; the clusters are not joined", where)
+	}
+	listed := map[string]bool{}
+	for _, g := range gw.Gateways {
+		members, ok := clusters[g.Name]
+		if !ok {
+			r.Errorf("%s: gateways entry %q: no cluster of that name in %s (clusters %v)", where, g.Name, s.file, slices.Sorted(maps.Keys(clusters)))
+			continue
+		}
+		if listed[g.Name] {
+			r.Errorf("%s: gateways list %q twice", where, g.Name)
+		}
+		listed[g.Name] = true
+		named := map[string]bool{}
+		for _, u := range g.URLs {
+			other, ok := s.natsOpts[u.Hostname()]
+			switch {
+			case !ok:
+				r.Errorf("%s: gateway %q URL %s: %q is not a NATS service in %s", where, g.Name, u, u.Hostname(), s.file)
+			case other.Cluster.Name != g.Name:
+				r.Errorf("%s: gateway %q URL %s: %s is in cluster %q", where, g.Name, u, u.Hostname(), other.Cluster.Name)
+			case other.Gateway.Port == 0 || u.Port() != strconv.Itoa(other.Gateway.Port):
+				r.Errorf("%s: gateway %q URL %s: %s's gateway port is %d", where, g.Name, u, u.Hostname(), other.Gateway.Port)
+			default:
+				named[u.Hostname()] = true
+			}
+		}
+		for _, m := range members {
+			if !named[m] {
+				r.Errorf("%s: gateway %q does not list %s (want nats://%s:%d)", where, g.Name, m, m, s.natsOpts[m].Gateway.Port)
+			}
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(clusters)) {
+		if !listed[c] {
+			r.Errorf("%s: gateways do not list cluster %q", where, c)
+		}
+	}
+	// The server's own validation of the options (gateways included).
+	if srv, err := server.NewServer(o.Clone()); err != nil {
+		r.Errorf("%s: nats-server rejects its options: %v", where, err)
+	} else {
+		srv.Shutdown()
 	}
 }
 
@@ -694,15 +818,37 @@ func TestComposeMeshd(t *testing.T) {
 	if len(s.meshd) < 3 {
 		t.Errorf("compose.yaml: %d meshd services (built from the Dockerfile), want at least 3", len(s.meshd))
 	}
+	s.checkMeshd(t, t)
+}
+
+// meshdNode is a meshd service whose command meshd's flag set parsed.
+type meshdNode struct {
+	svc   *composeService
+	flags *pflag.FlagSet
+	// natsHosts are the NATS services of --nats-url; envHosts those of the
+	// environment's NATS_URL (meshctl in the container).
+	natsHosts, envHosts []string
+}
+
+// checkMeshd checks every meshd service (after loadNATS) with meshd's real
+// flag set, reporting to r (t is for the environment and for a flag meshd
+// lacks): the program, --name (valid, unique), --nats-url and NATS_URL
+// (NATS services' client ports, waited for), --hubs (built-in kinds),
+// --http (published, exposed), --drain-timeout within the stop grace
+// period. It returns the nodes that parsed.
+func (s *setup) checkMeshd(t *testing.T, r reporter) []meshdNode {
+	t.Helper()
+	r.Helper()
+	var nodes []meshdNode
 	kinds := hubs.Names()
 	nodeNames := map[string]string{}
 	for _, svc := range s.meshd {
-		where := fmt.Sprintf("compose.yaml: service %q", svc.name)
+		where := fmt.Sprintf("%s: service %q", s.file, svc.name)
 		if ctx := filepath.Join(repoRoot, svc.Build.Context); filepath.Clean(ctx) != filepath.Clean(repoRoot) {
-			t.Errorf("%s: build context %q, want the repository root \".\"", where, svc.Build.Context)
+			r.Errorf("%s: build context %q, want the repository root \".\"", where, svc.Build.Context)
 		}
 		if svc.Build.Dockerfile != "" && svc.Build.Dockerfile != "Dockerfile" {
-			t.Errorf("%s: build dockerfile %q; this test checks ./Dockerfile", where, svc.Build.Dockerfile)
+			r.Errorf("%s: build dockerfile %q; this test checks ./Dockerfile", where, svc.Build.Dockerfile)
 		}
 
 		// The container runs ENTRYPOINT + command; the program must be meshd.
@@ -711,7 +857,7 @@ func TestComposeMeshd(t *testing.T) {
 			argv = append(slices.Clone(svc.Entrypoint.Args), svc.Command.Args...)
 		}
 		if len(argv) == 0 || path.Base(argv[0]) != "meshd" {
-			t.Errorf("%s: runs %q, want meshd (the Dockerfile's ENTRYPOINT) followed by its flags", where, argv)
+			r.Errorf("%s: runs %q, want meshd (the Dockerfile's ENTRYPOINT) followed by its flags", where, argv)
 			continue
 		}
 		args := argv[1:]
@@ -727,11 +873,12 @@ func TestComposeMeshd(t *testing.T) {
 		withContainerEnv(t, env)
 		cmd := newRootCmd(io.Discard, io.Discard, nil)
 		if err := cmd.ParseFlags(args); err != nil {
-			t.Errorf("%s: meshd rejects its arguments %q: %v", where, args, err)
+			r.Errorf("%s: meshd rejects its arguments %q: %v", where, args, err)
 			continue
 		}
+		node := meshdNode{svc: svc, flags: cmd.Flags()}
 		if err := cmd.ValidateArgs(cmd.Flags().Args()); err != nil {
-			t.Errorf("%s: meshd rejects arguments %q: %v (command: holds meshd's flags only; the image's ENTRYPOINT is meshd)", where, cmd.Flags().Args(), err)
+			r.Errorf("%s: meshd rejects arguments %q: %v (command: holds meshd's flags only; the image's ENTRYPOINT is meshd)", where, cmd.Flags().Args(), err)
 		}
 		get := func(name string) string {
 			v, err := cmd.Flags().GetString(name)
@@ -744,11 +891,11 @@ func TestComposeMeshd(t *testing.T) {
 		// --name: valid and distinct.
 		name := get("name")
 		if !cmd.Flags().Changed("name") && env["MESHD_NAME"] == "" {
-			t.Errorf("%s: no --name; the node would be named after the container's random host name", where)
+			r.Errorf("%s: no --name; the node would be named after the container's random host name", where)
 		} else if err := subjects.ValidateNodeName(name); err != nil {
-			t.Errorf("%s: --name %q: %v", where, name, err)
+			r.Errorf("%s: --name %q: %v", where, name, err)
 		} else if other, dup := nodeNames[name]; dup {
-			t.Errorf("%s: --name %q is also %q's", where, name, other)
+			r.Errorf("%s: --name %q is also %q's", where, name, other)
 		}
 		nodeNames[name] = svc.name
 
@@ -756,19 +903,20 @@ func TestComposeMeshd(t *testing.T) {
 		// compose NATS services' client ports.
 		natsURL := get("nats-url")
 		if natsURL == "" {
-			t.Errorf("%s: no --nats-url; meshd would run its own embedded server instead of joining the cluster", where)
+			r.Errorf("%s: no --nats-url; meshd would run its own embedded server instead of joining the cluster", where)
 		}
 		waitsForNATS := false
-		for _, host := range s.checkNATSURLs(t, where+": --nats-url", natsURL) {
+		node.natsHosts = s.checkNATSURLs(r, where+": --nats-url", natsURL)
+		for _, host := range node.natsHosts {
 			if _, ok := svc.DependsOn[host]; ok {
 				waitsForNATS = true
 			}
 		}
 		if natsURL != "" && !waitsForNATS {
-			t.Errorf("%s: depends_on: names none of the --nats-url servers; meshd does not retry its first connection", where)
+			r.Errorf("%s: depends_on: names none of the --nats-url servers; meshd does not retry its first connection", where)
 		}
 		if u, ok := svc.Environment["NATS_URL"]; ok {
-			s.checkNATSURLs(t, where+": environment NATS_URL", u)
+			node.envHosts = s.checkNATSURLs(r, where+": environment NATS_URL", u)
 		}
 
 		// --hubs: built-in kinds.
@@ -779,11 +927,11 @@ func TestComposeMeshd(t *testing.T) {
 			}
 			got = append(got, k)
 			if !slices.Contains(kinds, k) {
-				t.Errorf("%s: --hubs kind %q is not built in (built-in: %s)", where, k, strings.Join(kinds, ", "))
+				r.Errorf("%s: --hubs kind %q is not built in (built-in: %s)", where, k, strings.Join(kinds, ", "))
 			}
 		}
 		if len(got) == 0 {
-			t.Errorf("%s: --hubs names no kind", where)
+			r.Errorf("%s: --hubs names no kind", where)
 		}
 
 		// --http: reachable from outside the container, published, exposed.
@@ -792,25 +940,25 @@ func TestComposeMeshd(t *testing.T) {
 		port, perr := strconv.Atoi(portStr)
 		switch {
 		case httpAddr == "":
-			t.Errorf("%s: --http is empty; /metrics, /healthz and /readyz would be off", where)
+			r.Errorf("%s: --http is empty; /metrics, /healthz and /readyz would be off", where)
 		case err != nil || perr != nil || port == 0:
-			t.Errorf("%s: --http %q: want host:port with a fixed port", where, httpAddr)
+			r.Errorf("%s: --http %q: want host:port with a fixed port", where, httpAddr)
 		case isLoopback(host):
-			t.Errorf("%s: --http %q listens on the container's loopback; publishing it reaches nothing (use 0.0.0.0:%d)", where, httpAddr, port)
+			r.Errorf("%s: --http %q listens on the container's loopback; publishing it reaches nothing (use 0.0.0.0:%d)", where, httpAddr, port)
 		default:
 			published := false
 			for _, p := range svc.Ports {
 				if p.Container == port {
 					published = true
 				} else {
-					t.Errorf("%s: ports: %s publishes container port %d, where meshd does not listen (--http %s)", where, p.Raw, p.Container, httpAddr)
+					r.Errorf("%s: ports: %s publishes container port %d, where meshd does not listen (--http %s)", where, p.Raw, p.Container, httpAddr)
 				}
 			}
 			if !published {
-				t.Errorf("%s: --http %s: container port %d is not published in ports:", where, httpAddr, port)
+				r.Errorf("%s: --http %s: container port %d is not published in ports:", where, httpAddr, port)
 			}
 			if !s.exposed[port] {
-				t.Errorf("%s: --http %s: port %d is not in the Dockerfile's EXPOSE (%v)", where, httpAddr, port, slices.Sorted(func(y func(int) bool) {
+				r.Errorf("%s: --http %s: port %d is not in the Dockerfile's EXPOSE (%v)", where, httpAddr, port, slices.Sorted(func(y func(int) bool) {
 					for p := range s.exposed {
 						if !y(p) {
 							return
@@ -828,19 +976,22 @@ func TestComposeMeshd(t *testing.T) {
 		grace := 10 * time.Second // compose's default
 		if svc.StopGracePeriod != "" {
 			if grace, err = time.ParseDuration(svc.StopGracePeriod); err != nil {
-				t.Errorf("%s: stop_grace_period %q: %v", where, svc.StopGracePeriod, err)
+				r.Errorf("%s: stop_grace_period %q: %v", where, svc.StopGracePeriod, err)
 			}
 		}
 		if drain >= grace {
-			t.Errorf("%s: --drain-timeout %v is not below stop_grace_period %v; docker would SIGKILL meshd mid-drain", where, drain, grace)
+			r.Errorf("%s: --drain-timeout %v is not below stop_grace_period %v; docker would SIGKILL meshd mid-drain", where, drain, grace)
 		}
+		nodes = append(nodes, node)
 	}
+	return nodes
 }
 
 // checkNATSURLs checks that every URL in the comma-separated list names a
-// NATS service of compose.yaml and its client port; it returns the hosts.
-func (s *setup) checkNATSURLs(t *testing.T, what, list string) []string {
-	t.Helper()
+// NATS service of the compose file and its client port; it returns the
+// hosts.
+func (s *setup) checkNATSURLs(r reporter, what, list string) []string {
+	r.Helper()
 	var hosts []string
 	for u := range strings.SplitSeq(list, ",") {
 		u = strings.TrimSpace(u)
@@ -849,15 +1000,15 @@ func (s *setup) checkNATSURLs(t *testing.T, what, list string) []string {
 		}
 		pu, err := url.Parse(u)
 		if err != nil || pu.Hostname() == "" {
-			t.Errorf("%s entry %q: want nats://host:port", what, u)
+			r.Errorf("%s entry %q: want nats://host:port", what, u)
 			continue
 		}
 		if pu.Scheme != "nats" && pu.Scheme != "tls" {
-			t.Errorf("%s entry %q: scheme %q, want nats", what, u, pu.Scheme)
+			r.Errorf("%s entry %q: scheme %q, want nats", what, u, pu.Scheme)
 		}
 		o, ok := s.natsOpts[pu.Hostname()]
 		if !ok {
-			t.Errorf("%s entry %q: %q is not a NATS service in compose.yaml", what, u, pu.Hostname())
+			r.Errorf("%s entry %q: %q is not a NATS service in %s", what, u, pu.Hostname(), s.file)
 			continue
 		}
 		port := pu.Port()
@@ -865,7 +1016,7 @@ func (s *setup) checkNATSURLs(t *testing.T, what, list string) []string {
 			port = strconv.Itoa(server.DEFAULT_PORT)
 		}
 		if port != strconv.Itoa(clientPort(o)) {
-			t.Errorf("%s entry %q: %s's client port is %d", what, u, pu.Hostname(), clientPort(o))
+			r.Errorf("%s entry %q: %s's client port is %d", what, u, pu.Hostname(), clientPort(o))
 		}
 		hosts = append(hosts, pu.Hostname())
 	}
@@ -875,7 +1026,14 @@ func (s *setup) checkNATSURLs(t *testing.T, what, list string) []string {
 // --- the whole file -----------------------------------------------------------
 
 func TestComposeHostPortsAndDependencies(t *testing.T) {
-	s := loadSetup(t)
+	loadSetup(t).checkHostPortsAndDependencies(t)
+}
+
+// checkHostPortsAndDependencies checks the whole compose file: host ports
+// published once, depends_on naming services (with healthchecks where it
+// waits for health), bind sources that exist, named volumes declared.
+func (s *setup) checkHostPortsAndDependencies(r reporter) {
+	r.Helper()
 	type hostPort struct {
 		port  int
 		proto string
@@ -889,14 +1047,14 @@ func TestComposeHostPortsAndDependencies(t *testing.T) {
 		}
 	}) {
 		svc := s.compose.Services[name]
-		where := fmt.Sprintf("compose.yaml: service %q", name)
+		where := fmt.Sprintf("%s: service %q", s.file, name)
 		for _, p := range svc.Ports {
 			if p.Host == 0 {
 				continue
 			}
 			hp := hostPort{p.Host, p.Proto}
 			if other, dup := owner[hp]; dup {
-				t.Errorf("%s: ports: %s: host port %d/%s is also published by %s", where, p.Raw, p.Host, p.Proto, other)
+				r.Errorf("%s: ports: %s: host port %d/%s is also published by %s", where, p.Raw, p.Host, p.Proto, other)
 			}
 			owner[hp] = fmt.Sprintf("%q (%s)", name, p.Raw)
 		}
@@ -905,22 +1063,22 @@ func TestComposeHostPortsAndDependencies(t *testing.T) {
 			target, ok := s.compose.Services[dep]
 			switch {
 			case !ok:
-				t.Errorf("%s: depends_on %q: no such service", where, dep)
+				r.Errorf("%s: depends_on %q: no such service", where, dep)
 			case cond == "service_healthy" && (target.Healthcheck == nil || target.Healthcheck.Disable || len(target.Healthcheck.Test.Args) == 0):
-				t.Errorf("%s: depends_on %q with condition service_healthy, but %q has no healthcheck", where, dep, dep)
+				r.Errorf("%s: depends_on %q with condition service_healthy, but %q has no healthcheck", where, dep, dep)
 			case cond != "service_started" && cond != "service_healthy" && cond != "service_completed_successfully":
-				t.Errorf("%s: depends_on %q: unknown condition %q", where, dep, cond)
+				r.Errorf("%s: depends_on %q: unknown condition %q", where, dep, cond)
 			}
 		}
 		for _, v := range svc.Volumes {
 			switch v.Type {
 			case "bind":
 				if _, err := os.Stat(filepath.Join(repoRoot, filepath.FromSlash(v.Source))); err != nil {
-					t.Errorf("%s: volumes: bind source %s: %v", where, v.Source, err)
+					r.Errorf("%s: volumes: bind source %s: %v", where, v.Source, err)
 				}
 			case "volume":
 				if _, ok := s.compose.Volumes[v.Source]; v.Source != "" && !ok {
-					t.Errorf("%s: volumes: named volume %q is not declared under the top-level volumes:", where, v.Source)
+					r.Errorf("%s: volumes: named volume %q is not declared under the top-level volumes:", where, v.Source)
 				}
 			}
 		}
