@@ -40,7 +40,8 @@ func composeConf() (string, error) {
 	}}})
 }
 
-const composeHeader = `# Accounts of compose.yaml's NATS servers, included by nats-N.conf: the
+const composeHeader = `# Accounts of compose.yaml's NATS servers, included by nats-N.conf (and of
+# compose.supercluster.yaml's, by supercluster/*.conf): the
 # permission profiles of package profiles (SECURITY.md) for the default prefix
 # mesh.v1, with DEVELOPMENT passwords (the servers publish their ports on
 # loopback only). Generated: profiles/docs_test.go checks this file; change the
