@@ -18,31 +18,6 @@ import (
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
-// settled2 is settled, tolerating a subject purged between the stream
-// info and the read.
-func settled2(t *testing.T, st *Store) bool {
-	t.Helper()
-	info, err := st.stream.Info(context.Background(), jetstream.WithSubjectFilter(st.base+">"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for subj := range info.State.Subjects {
-		switch subj[len(st.base)] {
-		case 'f':
-			return false
-		case 's':
-			m, err := st.last(context.Background(), subj)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if m != nil && m.Header.Get(HeaderCancelled) == "" {
-				return false
-			}
-		}
-	}
-	return true
-}
-
 // Many one-shots all due at one instant are replaced (each Set B on a
 // second connection returning nil) right around that instant. Each Set B
 // that returned nil must be what Get shows, and it must fire. The server
@@ -109,7 +84,7 @@ func TestReminderPurgeRaceSetAtDueInstantPurgedWithReplacedFire(t *testing.T) {
 		}
 	}
 	natstest.Eventually(t, 15*time.Second, func() bool {
-		return time.Now().After(dueB) && settled2(t, st1)
+		return time.Now().After(dueB) && settled(t, st1)
 	}, "fires or schedules remain")
 	var lost []string
 	for name := range okB {
@@ -222,7 +197,7 @@ func TestReminderPurgeRaceBackToBackPastDueSetsSecondNeverFires(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	natstest.Eventually(t, 15*time.Second, func() bool { return settled2(t, st) }, "fires or schedules remain")
+	natstest.Eventually(t, 15*time.Second, func() bool { return settled(t, st) }, "fires or schedules remain")
 	var lost []string
 	for name := range okB {
 		if b.get(name)["b"] == 0 {
@@ -422,7 +397,7 @@ func TestReminderPurgeRaceCancelFailureOnlyRacingSet(t *testing.T) {
 		}
 		shown[name] = isB
 	}
-	natstest.Eventually(t, 15*time.Second, func() bool { return time.Now().After(dueB) && settled2(t, st1) }, "fires remain")
+	natstest.Eventually(t, 15*time.Second, func() bool { return time.Now().After(dueB) && settled(t, st1) }, "fires remain")
 	for i := range names {
 		name := fmt.Sprintf("n%d", i)
 		if n := b.get(name)["b"]; shown[name] != (n > 0) {
