@@ -30,12 +30,56 @@ import "time"
 // trades pauses during elections for faster failure detection.
 
 // leaseHeld reports whether this node's last acknowledged own write was
-// issued within the TTL.
+// issued within the TTL, and this process was not found paused since.
 func (m *Membership) leaseHeld() bool {
 	m.covMu.Lock()
 	start := m.lastOwn.start
 	m.covMu.Unlock()
+	if s := m.suspectAt.Load(); s != 0 && (start.IsZero() || start.UnixNano() <= s) {
+		return false // paused, and no heartbeat issued since is acknowledged yet
+	}
+	if time.Since(time.Unix(0, m.lastTick.Load())) > PauseGap {
+		return false // just woken: the watchdog has not ticked yet
+	}
 	return start.IsZero() || time.Since(start) <= m.cfg.TTL
+}
+
+// PauseGap is how long this process may go without its watchdog ticking
+// (every PauseGap/10) before it counts as having been paused — stopped by
+// SIGSTOP, frozen — rather than merely scheduled late.
+const PauseGap = time.Second
+
+// watchdog ticks every PauseGap/10. A gap above PauseGap means the process
+// was stopped: its link may have been closed and its generation declared
+// gone meanwhile, and queued deliveries must not run before it knows.
+// Found by the nemesis: a node frozen for 4 s (past detection and
+// takeover, within the 8 s TTL, so the lease still held) woke and ran the
+// deliveries it had accepted before the freeze, 0.5 s after their re-sends
+// had run on the successor. So after a gap no turn starts until a
+// heartbeat issued after it is acknowledged (it asks for one at once); a
+// generation declared gone meanwhile finds out from that heartbeat and is
+// fenced.
+func (m *Membership) watchdog() {
+	defer m.wg.Done()
+	t := time.NewTicker(PauseGap / 10)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now().UnixNano()
+		if gap := time.Duration(now - m.lastTick.Load()); gap > PauseGap {
+			m.suspectAt.Store(now)
+			m.log.Warn("this process was paused: turns wait for a heartbeat", "paused_for", gap.Round(time.Millisecond).String())
+			select {
+			case m.beatNow <- struct{}{}:
+			default:
+			}
+		}
+		m.lastTick.Store(now)
+	}
 }
 
 // LeaseLapsed reports whether turns are stopped by the lease: the last

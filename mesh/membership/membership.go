@@ -340,6 +340,12 @@ type Membership struct {
 	// goroutine's own.
 	lapses      atomic.Int64
 	lapseLogged bool
+	// Pause detection (lease.go, watchdog): lastTick is the watchdog's
+	// last tick (unix ns); suspectAt, when non-zero, is when it saw this
+	// process stopped for longer than PauseGap (a SIGSTOP, a freeze) —
+	// until a heartbeat issued after it is acknowledged, no turn starts.
+	lastTick  atomic.Int64
+	suspectAt atomic.Int64
 
 	lost      chan struct{}
 	lostOnce  sync.Once
@@ -447,11 +453,13 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	}
 	m.movedSub = mv
 	m.status = cfg.Conn.StatusChanged(nats.CONNECTED, nats.DISCONNECTED, nats.RECONNECTING)
-	m.wg.Add(4)
+	m.lastTick.Store(time.Now().UnixNano())
+	m.wg.Add(5)
 	go m.watch()
 	go m.heartbeat()
 	go m.linkEvents()
 	go m.expiry()
+	go m.watchdog()
 	select {
 	case <-m.ready:
 	case <-ctx.Done():
