@@ -107,6 +107,12 @@ func ConnectURL(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 	}
 	all := append(inbox,
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub == nil && !errors.Is(err, nats.ErrSlowConsumer) {
+				// The connection's own I/O error (a server the test shut
+				// down: "write: broken pipe"): its reconnect handles it.
+				t.Logf("natstest: async connection error: %v", err)
+				return
+			}
 			subj := ""
 			if sub != nil {
 				subj = sub.Subject
