@@ -71,11 +71,7 @@ func TestLeafNodeMeshd(t *testing.T) {
 	}
 	// As in TestSuperclusterGatewayCut: the link's cut (the at-least-once
 	// window) and the lease's lapse (turns running then may run on).
-	nd := n.nodes[2]
-	n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
-		Start: cut.UnixNano(), End: restored.UnixNano(), Note: "leaf link cut"})
-	n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
-		Start: lapse.UnixNano(), End: restored.UnixNano(), Note: "leaf link cut: the registration lease lapsed"})
+	n.addLeaseCut(n.nodes[2], cut, lapse, restored, "leaf link cut")
 	h := n.rec.Finish(time.Now().UnixNano(), turns)
 	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
 }

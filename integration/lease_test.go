@@ -196,10 +196,7 @@ func TestLeaseServerPartition(t *testing.T) {
 	t.Logf("%d turns started on p1 after the lease should have lapsed, before the heal (%v after the cut)", late, restored.Sub(cut))
 	t.Logf("p1 lease lapses logged: %d", strings.Count(n.nodes[0].proc.Stderr(), leaseLapseLine))
 	nd := n.nodes[0]
-	n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
-		Start: cut.UnixNano(), End: restored.UnixNano(), Note: "its server isolated"})
-	n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
-		Start: lapse.UnixNano(), End: restored.UnixNano(), Note: "its server isolated: the lease lapses"})
+	n.addLeaseCut(nd, cut, lapse, restored, "its server isolated")
 	h := n.rec.Finish(time.Now().UnixNano(), turns)
 	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
 }

@@ -424,13 +424,23 @@ func TestSuperclusterGatewayCut(t *testing.T) {
 	// save cannot reach the bucket and fails at its timeout, fenced by the
 	// revision check — but none starts after it).
 	for _, nd := range n.nodes[2:] {
-		n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
-			Start: cut.UnixNano(), End: restored.UnixNano(), Note: "gateways cut"})
-		n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
-			Start: lapse.UnixNano(), End: restored.UnixNano(), Note: "gateways cut: the registration lease lapsed"})
+		n.addLeaseCut(nd, cut, lapse, restored, "gateways cut")
 	}
 	h := n.rec.Finish(time.Now().UnixNano(), turns)
 	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+}
+
+// addLeaseCut records, for the checkers, the two cuts a node cut off from
+// the registry with its link up goes through: the link's (from cut on a
+// delivery it ran may have lost its answer, and its re-send runs again
+// elsewhere: the at-least-once window of a partition, DESIGN §6), and the
+// registration lease's lapse (a turn running then may run on, fenced by
+// the store; none starts after it). Both end at restored.
+func (n *nemesisRun) addLeaseCut(nd *nemesisNode, cut, lapse, restored time.Time, what string) {
+	n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
+		Start: cut.UnixNano(), End: restored.UnixNano(), Note: what})
+	n.rec.AddFault(nemesis.FaultRecord{Fault: nemesis.Fault{Kind: nemesis.LinkCut}, Process: nd.procName(),
+		Start: lapse.UnixNano(), End: restored.UnixNano(), Note: what + ": the registration lease lapsed"})
 }
 
 // superWorkload starts a supercluster (east with JetStream, west without),

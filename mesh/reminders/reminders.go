@@ -523,7 +523,7 @@ func (s *Store) Cancel(ctx context.Context, addr subjects.Address, name string) 
 	// its schedule only while it holds its incarnation): of a Cancel and a
 	// Set that race, the one whose incarnation write came last stands, and
 	// the schedule subject never disagrees with the incarnation subject.
-	iseq, err := s.writeIncarnation(ctx, addr, name, "")
+	iseq, err := s.writeTombstone(ctx, addr, name)
 	if err != nil {
 		return fmt.Errorf("reminders: cancel %s %s: %w", addr, name, err)
 	}
@@ -544,18 +544,14 @@ func (s *Store) Cancel(ctx context.Context, addr subjects.Address, name string) 
 	return nil
 }
 
-// writeIncarnation writes incarnation (empty: a Cancel's tombstone,
-// expiring after TombstoneTTL) on the incarnation subject of (addr, name)
-// and returns its stream sequence.
-func (s *Store) writeIncarnation(ctx context.Context, addr subjects.Address, name, incarnation string) (uint64, error) {
+// writeTombstone writes a Cancel's tombstone (expiring after
+// TombstoneTTL) on the incarnation subject of (addr, name) and returns its
+// stream sequence.
+func (s *Store) writeTombstone(ctx context.Context, addr subjects.Address, name string) (uint64, error) {
 	m := nats.NewMsg(s.subject("i", addr, name))
 	m.Header.Set(natsRollup, "sub")
-	if incarnation != "" {
-		m.Header.Set(HeaderIncarnation, incarnation)
-	} else {
-		m.Header.Set(HeaderCancelled, "true")
-		m.Header.Set(natsTTL, TombstoneTTL.String())
-	}
+	m.Header.Set(HeaderCancelled, "true")
+	m.Header.Set(natsTTL, TombstoneTTL.String())
 	ack, err := s.js.PublishMsg(ctx, m)
 	if err != nil {
 		return 0, err
