@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,14 +21,19 @@ import (
 // TestDrainBoundNATSUnreachable: Drain returns by its ctx's deadline even
 // when NATS is gone (the registry write, the leave and the settlement all
 // stall): a hard bound, not a wish. The margin is for scheduling on a busy
-// machine; before this bound the same drain took over 10 s.
+// machine; before this bound the same drain took over 10 s. Close, once
+// the handler returned, does not wait on NATS either: it sat out the
+// JetStream API timeout (5 s) of each KV watcher's consumer delete before
+// the watchers were stopped without waiting for the server.
 func TestDrainBoundNATSUnreachable(t *testing.T) {
 	for _, deadline := range []time.Duration{0, 100 * time.Millisecond, 400 * time.Millisecond} {
 		t.Run(deadline.String(), func(t *testing.T) {
 			s := natstest.RunServer(t)
 			rec := newRecorder()
 			block := make(chan struct{})
-			defer close(block)
+			var unblock sync.Once
+			release := func() { unblock.Do(func() { close(block) }) }
+			defer release()
 			rec.fn = func(context.Context, *hub.Delivery) error {
 				<-block // ignores ctx
 				return nil
@@ -64,6 +70,14 @@ func TestDrainBoundNATSUnreachable(t *testing.T) {
 				t.Errorf("Drain took %v with a %v deadline and NATS unreachable", took, deadline)
 			}
 			t.Logf("Drain with a %v deadline, NATS unreachable, a stuck handler: returned after %v", deadline, took)
+			release()
+			start = time.Now()
+			n.Close()
+			if took := time.Since(start); took > 3*time.Second {
+				t.Errorf("Close took %v with NATS unreachable and no handler running", took)
+			} else {
+				t.Logf("Close after it: %v", took)
+			}
 		})
 	}
 }

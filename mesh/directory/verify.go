@@ -43,7 +43,13 @@ func (d *Directory) verifier() {
 	var updates <-chan jetstream.KeyValueEntry
 	defer func() {
 		if w != nil {
-			_ = w.Stop()
+			// Not waited for: nats.go drops the subscription at once,
+			// then asks JetStream to delete the consumer, which waits out
+			// the JetStream API timeout (5 s) when the server is
+			// unreachable — Close (and Drain) sat out those 5 s with NATS
+			// down (TestDrainBoundNATSUnreachable's cleanup). The
+			// consumer is ephemeral: the server removes it without us.
+			go func() { _ = w.Stop() }()
 		}
 	}()
 	full := false
@@ -63,7 +69,7 @@ func (d *Directory) verifier() {
 			return
 		case e, ok := <-updates:
 			if !ok {
-				_ = w.Stop()
+				go func(w jetstream.KeyWatcher) { _ = w.Stop() }(w) // as above
 				w, updates = nil, nil
 				continue
 			}

@@ -29,7 +29,12 @@ func (m *Membership) watch() {
 		// afresh numbers its entries from 1 again.
 		m.seenRev.Store(0)
 		m.follow(w)
-		_ = w.Stop()
+		// Not waited for: nats.go drops the subscription at once, then
+		// asks JetStream to delete the consumer, which waits out the
+		// JetStream API timeout (5 s) when the server is unreachable, and
+		// Close waits for this goroutine. The consumer is ephemeral: the
+		// server removes it without us.
+		go func() { _ = w.Stop() }()
 	}
 }
 
