@@ -100,6 +100,9 @@ func nemesisFromEnv(t *testing.T) nemesisConfig {
 // TestNemesis runs the workload under the seeded schedule and checks the
 // history.
 func TestNemesis(t *testing.T) {
+	if os.Getenv("NATSMESH_CHAOS_SEED") == "" {
+		longTest(t) // about a minute: CI's long step runs it; scripts/chaos.sh always does
+	}
 	cfg := nemesisFromEnv(t)
 	n, h := runNemesis(t, cfg, "")
 	n.report(cfg, h)

@@ -531,6 +531,7 @@ const scenarioWait = 10 * time.Second // "a few seconds", on a loaded 2-core CI 
 // answers with the kept response), and every node and the sender move
 // their connection off a server in lame duck mode before it closes it.
 func TestScenarioLameDuckRollingRestart(t *testing.T) {
+	longTest(t) // three lame-duck rolls, about 30 s; TestClusterRollingRestart is the quick one
 	for rep := range scenarioReps() {
 		t.Run(fmt.Sprint(rep), func(t *testing.T) {
 			runScenario(t, func(s *scenario) {
@@ -557,9 +558,9 @@ func TestScenarioKillRegistryLeader(t *testing.T) {
 	for rep := range scenarioReps() {
 		for _, idle := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%d/idle=%v", rep, idle), func(t *testing.T) {
-				if idle {
-					longTest(t) // it waits past a TTL with the server down
-				}
+				// Idle, it waits past a TTL with the server down; under
+				// traffic it waits out an election (about 15 s).
+				longTest(t)
 				runScenario(t, func(s *scenario) {
 					if idle {
 						s.startIdle(func(string) string { return s.c.URL() })
