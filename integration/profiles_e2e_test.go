@@ -131,14 +131,26 @@ func waitMembers(t *testing.T, url string, login []string, n int) {
 }
 
 // noViolations fails if a meshd logged a NATS async error (a permission
-// violation) or a line naming one.
+// violation) or a line naming one. Two async errors are JetStream consumer
+// lifecycle, not permissions, and are only logged: nats.go reports a
+// consumer it could not find or that went quiet (an ordered consumer it
+// re-creates; met once in a full parallel suite run under load).
 func noViolations(t *testing.T, nodes ...*Meshd) {
 	t.Helper()
 	for _, md := range nodes {
 		for _, l := range strings.Split(md.Stdout()+md.Stderr(), "\n") {
-			if strings.Contains(l, "NATS async error") || strings.Contains(strings.ToLower(l), "permissions violation") {
-				t.Errorf("meshd %s logged a permission violation: %s", md.Node, l)
+			lower := strings.ToLower(l)
+			switch {
+			case strings.Contains(lower, "permissions violation"):
+			case strings.Contains(l, "NATS async error") &&
+				(strings.Contains(l, `"nats: consumer not found"`) || strings.Contains(l, `"nats: consumer not active"`)):
+				t.Logf("meshd %s: %s (JetStream consumer lifecycle, not a permission)", md.Node, l)
+				continue
+			case strings.Contains(l, "NATS async error"):
+			default:
+				continue
 			}
+			t.Errorf("meshd %s logged a permission violation: %s", md.Node, l)
 		}
 	}
 }
