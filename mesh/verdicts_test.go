@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,12 +19,19 @@ import (
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
-// reps is how many times a racing pairing is repeated.
+// reps is how many times a racing pairing is repeated: n with
+// NATSMESH_LONG=1 (CI's long step runs this package so), a third of it in
+// the README's quick suite (go test -race ./..., which must fit five
+// minutes cold on two cores), a tenth with -short; never fewer than five.
 func reps(t *testing.T, n int) int {
-	if testing.Short() {
+	switch {
+	case os.Getenv("NATSMESH_LONG") == "1":
+		return n
+	case testing.Short():
 		return max(n/10, 5)
+	default:
+		return max(n/3, 5)
 	}
-	return n
 }
 
 // routeResolver routes each address by a function of the address and how
