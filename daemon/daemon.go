@@ -145,6 +145,11 @@ type Config struct {
 	// hosts is retried (mesh.WithPlacementWait); zero means
 	// mesh.DefaultPlacementWait.
 	PlacementWait time.Duration
+	// IdleTimeout is how long an activation with no work lives before it is
+	// collected (hub.Config.IdleTimeout: its claim released, its state
+	// saved, its next delivery activating it afresh); zero means
+	// hub.DefaultIdleTimeout (5 min).
+	IdleTimeout time.Duration
 	// FencingDelay is how long survivors wait after a departure before
 	// taking its addresses over; zero means
 	// membership.DefaultFencingDelay.
@@ -256,6 +261,7 @@ func (c *Config) validate() error {
 		{"StateReplicas (--state-replicas)", int64(c.StateReplicas)},
 		{"StateMaxValueSize (--state-max-value)", int64(c.StateMaxValueSize)},
 		{"PlacementWait (--placement-wait)", int64(c.PlacementWait)},
+		{"IdleTimeout (--idle-timeout)", int64(c.IdleTimeout)},
 		{"FencingDelay", int64(c.FencingDelay)},
 	} {
 		if f.value < 0 {
@@ -458,6 +464,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var fatal atomic.Pointer[error]
 	ncfg := mesh.NodeConfig{
 		Conn: nc, Name: cfg.Name, Prefix: cfg.Prefix, Logger: log, TracerProvider: tp,
+		Host: hub.Config{IdleTimeout: cfg.IdleTimeout},
 		OnDrainRequest: func() {
 			log.Info("drain requested over the control subject")
 			stop()

@@ -153,6 +153,7 @@ func TestEveryVariableNamedInItsError(t *testing.T) {
 		{"MESHD_NKEY", map[string]string{"MESHD_NKEY": missing, "MESHD_NATS_URL": ext}, 1},
 		{"MESHD_NKEY", map[string]string{"MESHD_NKEY": garbage, "MESHD_NATS_URL": ext}, 1},
 		{"MESHD_PASSWORD", map[string]string{"MESHD_PASSWORD": "secret", "MESHD_NATS_URL": ext}, 1}, // no user
+		{"MESHD_IDLE_TIMEOUT", map[string]string{"MESHD_IDLE_TIMEOUT": "-1s"}, 1},
 		{"MESHD_PLACEMENT_WAIT", map[string]string{"MESHD_PLACEMENT_WAIT": "-1s"}, 1},
 		{"MESHD_PREFIX", map[string]string{"MESHD_PREFIX": "a..b"}, 1},
 		{"MESHD_REPLACE", map[string]string{"MESHD_REPLACE": "on"}, 1},

@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/natsmesh/natsmesh/daemon"
+	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/internal/envflag"
@@ -50,7 +51,7 @@ type options struct {
 	name, prefix, hubs, natsURL, listen, dataDir        string
 	creds, nkey, user, password, tlsCert, tlsKey, tlsCA string
 	http, logFormat, logLevel, callerIdentity           string
-	drainTimeout, heartbeat, ttl, placementWait         time.Duration
+	drainTimeout, heartbeat, ttl, placementWait, idle   time.Duration
 	standalone, auth, insecureListen                    bool
 	authDir                                             string
 	replace                                             bool
@@ -163,6 +164,7 @@ signal during the drain.`,
 	f.Var(nonNegativeInt(&o.stateMaxValue, 0), "state-max-value", "largest durable state one address may save, in bytes; 0 means 1 MiB - 4 KiB (lowered to fit the server's max_payload)")
 	f.Var(nonNegativeDuration(&o.heartbeat, defaultHeartbeat), "heartbeat", "registry heartbeat; 0 means the default")
 	f.Var(nonNegativeDuration(&o.ttl, defaultTTL), "ttl", "a node silent this long is declared gone; set by the node that creates the registry, later nodes follow it; 0 means the default")
+	f.Var(nonNegativeDuration(&o.idle, hub.DefaultIdleTimeout), "idle-timeout", "collect an activation that had no work for this long (its claim released, its next delivery activates it again, on whichever node placement picks); 0 means the default")
 	f.Var(nonNegativeDuration(&o.placementWait, mesh.DefaultPlacementWait), "placement-wait", "how long a delivery to a kind no live node hosts is retried before it fails Unavailable (no-placement); 0 means the default")
 	// request-info is right in both modes: only a request that crossed a
 	// service import has a _R_ reply (the server refuses one a client
@@ -318,6 +320,7 @@ func serve(ctx context.Context, o options, stdout, stderr io.Writer, ready func(
 		Standalone: o.standalone, KVReplicas: o.kvReplicas, KVCluster: o.kvCluster, Heartbeat: o.heartbeat, TTL: o.ttl,
 		StateReplicas: o.stateReplicas, StateMaxValueSize: o.stateMaxValue,
 		PlacementWait:     o.placementWait,
+		IdleTimeout:       o.idle,
 		CallerIdentity:    callerIdentities[o.callerIdentity],
 		IngressCallerRate: parseRate(o.callerRate), IngressCallerBurst: o.callerBurst,
 		ClientInboxes: splitList(o.clientInboxes),

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/daemon"
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
@@ -331,5 +334,99 @@ func TestSecondMeshdOnTheDataDirNamesIt(t *testing.T) {
 	}
 	if code != 2 || !strings.Contains(errb.String(), "data directory in use") || strings.Contains(errb.String(), "cannot listen") {
 		t.Fatalf("second meshd: exit %d, %q; want exit 2 naming the data directory", code, errb.String())
+	}
+}
+
+// TestIdleTimeoutFlag: --idle-timeout reaches the node's host: with a short
+// one an activation that had a delivery is collected (the node's
+// natsmesh_deactivations_total counts it, and a second delivery
+// activates the address again); with the default (5 min) it stays live.
+func TestIdleTimeoutFlag(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	deliver := func(addr subjects.Address) error {
+		m := nats.NewMsg(subjects.DefaultPrefix.Ingress(addr, ""))
+		m.Header.Set(hub.HeaderID, nuid.Next())
+		r, err := nc.RequestMsg(m, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		_, err = verdict.Decode(r.Header)
+		return err
+	}
+	metric := func(httpAddr, name string) (float64, error) {
+		resp, err := http.Get("http://" + httpAddr + "/metrics")
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return 0, err
+		}
+		for l := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, name+" "); ok {
+				return strconv.ParseFloat(strings.TrimSpace(v), 64)
+			}
+		}
+		return 0, fmt.Errorf("no %s in /metrics", name)
+	}
+	for _, tc := range []struct {
+		args    []string
+		collect bool
+	}{
+		{[]string{"--idle-timeout", "100ms"}, true},
+		{nil, false},
+	} {
+		sig := make(chan os.Signal, 1)
+		var out, errb bytes.Buffer
+		result := make(chan error, 1)
+		args := append([]string{"--nats-url", s.ClientURL(), "--name", "idle", "--http", "127.0.0.1:0", "--log-level=error", "--drain-timeout", "10s"}, tc.args...)
+		code := runWith(args, &out, &errb, sig, func(info daemon.Info) {
+			go func() {
+				defer func() { sig <- os.Interrupt }()
+				addr := subjects.Address(hubs.EchoKind + "/" + nuid.Next())
+				if err := deliver(addr); err != nil {
+					result <- fmt.Errorf("first delivery: %w", err)
+					return
+				}
+				if !tc.collect {
+					// Past many short timeouts: still live, nothing collected.
+					deadline := time.Now().Add(time.Second)
+					for time.Now().Before(deadline) {
+						if d, err := metric(info.HTTPAddr, "natsmesh_deactivations_total"); err != nil || d != 0 {
+							result <- fmt.Errorf("with the default idle timeout: deactivations %v (%v)", d, err)
+							return
+						}
+						time.Sleep(50 * time.Millisecond) // polling a counter that must stay 0
+					}
+					result <- nil
+					return
+				}
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					d, err := metric(info.HTTPAddr, "natsmesh_deactivations_total")
+					if err == nil && d >= 1 {
+						break
+					}
+					if time.Now().After(deadline) {
+						result <- fmt.Errorf("--idle-timeout 100ms: no activation collected within 10 s (deactivations %v, %v)", d, err)
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				if err := deliver(addr); err != nil {
+					result <- fmt.Errorf("delivery after the collection: %w", err)
+					return
+				}
+				result <- nil
+			}()
+		})
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", tc.args, code, errb.String())
+		}
+		if err := <-result; err != nil {
+			t.Errorf("%v", err)
+		}
 	}
 }
