@@ -61,6 +61,11 @@ type nemesisConfig struct {
 	kinds    []nemesis.FaultKind
 	out      string
 	ownOut   bool // out was made by the test: removed when it passes
+	// idle is the nodes' idle timeout (NATSMESH_CHAOS_IDLE; 0: the
+	// default, 5 min): a short one collects activations between the
+	// workload's deliveries, racing each collection's claim release
+	// against the next delivery's claim (issue 20's first race).
+	idle time.Duration
 }
 
 func nemesisFromEnv(t *testing.T) nemesisConfig {
@@ -79,6 +84,13 @@ func nemesisFromEnv(t *testing.T) nemesisConfig {
 			t.Fatalf("NATSMESH_CHAOS_DURATION=%q: want a positive duration (%v)", v, err)
 		}
 		c.duration = d
+	}
+	if v := os.Getenv("NATSMESH_CHAOS_IDLE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			t.Fatalf("NATSMESH_CHAOS_IDLE=%q: want a non-negative duration (%v)", v, err)
+		}
+		c.idle = d
 	}
 	kinds, err := nemesis.ParseFaultKinds(os.Getenv("NATSMESH_CHAOS_FAULTS"))
 	if err != nil {
@@ -105,7 +117,33 @@ func TestNemesis(t *testing.T) {
 	}
 	cfg := nemesisFromEnv(t)
 	n, h := runNemesis(t, cfg, "")
+	if cfg.idle > 0 {
+		logActivations(t, h, cfg.idle)
+	}
 	n.report(cfg, h)
+}
+
+// logActivations logs how many activations the history's turns ran under:
+// with a short idle timeout (NATSMESH_CHAOS_IDLE), proof that collections
+// raced the workload's deliveries; it fails the test when the cold
+// addresses were not collected between deliveries at all.
+func logActivations(t *testing.T, h *nemesis.History, idle time.Duration) {
+	t.Helper()
+	acts := map[string]map[string]bool{}
+	for _, tr := range h.Turns {
+		if acts[tr.Address] == nil {
+			acts[tr.Address] = map[string]bool{}
+		}
+		acts[tr.Address][fmt.Sprintf("%s/%d/%d", tr.Node, tr.Generation, tr.Activation)] = true
+	}
+	total := 0
+	for _, a := range acts {
+		total += len(a)
+	}
+	t.Logf("%d activations of %d addresses (idle timeout %v)", total, len(acts), idle)
+	if total < 10*nemesisSparseAddrs {
+		t.Errorf("only %d activations: the idle timeout did not collect the cold addresses between deliveries", total)
+	}
 }
 
 // runNemesis runs the nemesis of cfg with testnode processes of binary bin
@@ -142,7 +180,7 @@ func runNemesis(t *testing.T, cfg nemesisConfig, bin string) (*nemesisRun, *neme
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	now := time.Now().UnixNano()
-	n := &nemesisRun{t: t, c: c, rec: nemesis.NewRecorder(cfg.seed, now), start: now, bin: bin}
+	n := &nemesisRun{t: t, c: c, rec: nemesis.NewRecorder(cfg.seed, now), start: now, bin: bin, idle: cfg.idle}
 	n.sender = senderNode(t, c.URL(), func(v mesh.LateVerdict) {
 		n.rec.AddLate(nemesis.Late{ID: v.ID, At: time.Now().UnixNano(), Outcome: nemesis.OutcomeOf(v.Err)})
 	})
@@ -219,6 +257,7 @@ type nemesisRun struct {
 	sender *mesh.Node
 	nodes  []*nemesisNode
 	bin    string // the testnode binary; empty: Build's
+	idle   time.Duration
 }
 
 func (n *nemesisRun) startNode(nd *nemesisNode) {
@@ -227,7 +266,8 @@ func (n *nemesisRun) startNode(nd *nemesisNode) {
 		bin = Build(n.t).TestNode
 	}
 	nd.proc = startNode(n.t, bin, "--name", nd.name, "--nats-url", nd.url(), "--kv-replicas", "3",
-		"--ttl", membership.DefaultTTL.String(), "--heartbeat", membership.DefaultHeartbeat.String())
+		"--ttl", membership.DefaultTTL.String(), "--heartbeat", membership.DefaultHeartbeat.String(),
+		"--idle-timeout", n.idle.String())
 	nd.procs = append(nd.procs, nd.proc)
 }
 
@@ -509,7 +549,11 @@ const (
 	nemesisStreams   = 2
 	nemesisBatch     = 8
 	nemesisKVAddrs   = 3
-	nemesisKVClients = 2 // per register
+	// nemesisSparseAddrs cold lane addresses are driven, with an idle
+	// timeout set (NATSMESH_CHAOS_IDLE), at about the pace of their
+	// collection (workload.sparse).
+	nemesisSparseAddrs = 16
+	nemesisKVClients   = 2 // per register
 )
 
 func (n *nemesisRun) startWorkload(seed uint64) *workload {
@@ -538,6 +582,16 @@ func (n *nemesisRun) startWorkloadFrom(sender *mesh.Node, seed uint64, client in
 			w.wg.Add(1)
 			go w.kv(client, rng, fmt.Sprintf("nkv/k%d", a))
 			client++
+		}
+	}
+	if n.idle > 0 {
+		for a := range nemesisSparseAddrs {
+			for range 2 { // two lanes each: deliveries to one address at once, now and then
+				rng := rand.New(rand.NewPCG(seed, uint64(client)))
+				w.wg.Add(1)
+				go w.sparse(client, rng, fmt.Sprintf("nlane/cold%s%d", streams, a), n.idle)
+				client++
+			}
 		}
 	}
 	return w
@@ -578,30 +632,54 @@ func (w *workload) lane(client int, rng *rand.Rand, addr, stream string, pipelin
 			think(rng)
 		} else {
 			d, op := next()
-			ctx, cancel := context.WithTimeout(context.Background(), nemesisOpTimeout)
-			if seq%2 == 0 {
-				op.Kind = nemesis.Request
-				i := w.invoke(op)
-				resp, err := w.sender.Request(ctx, d)
-				w.complete(i, resp.Receipt, err, nil)
-				if err == nil && rng.IntN(8) == 0 {
-					// A caller's own re-send of a handled request, same ID
-					// (as after a lost answer): the intake's dedupe answers
-					// it with the kept response, and the handler must not
-					// run again (CheckAtMostOnce sees a second turn).
-					again, err := w.sender.Request(ctx, d)
-					if err == nil && !bytes.Equal(again.Payload, resp.Payload) {
-						w.mismatch(fmt.Sprintf("re-sent %s answered %q, first %q", d.ID, again.Payload, resp.Payload))
-					}
-				}
-			} else {
-				i := w.invoke(op)
-				r, err := w.sender.Deliver(ctx, d)
-				w.complete(i, r, err, nil)
-			}
-			cancel()
+			w.sequential(rng, seq, d, op)
 		}
 		think(rng)
+	}
+}
+
+// sequential sends one delivery of a lane and waits for it: a Request
+// on even sequence numbers (an eighth of the handled ones re-sent under
+// the same ID), a Deliver on odd ones.
+func (w *workload) sequential(rng *rand.Rand, seq uint64, d mesh.Delivery, op nemesis.Op) {
+	ctx, cancel := context.WithTimeout(context.Background(), nemesisOpTimeout)
+	if seq%2 == 0 {
+		op.Kind = nemesis.Request
+		i := w.invoke(op)
+		resp, err := w.sender.Request(ctx, d)
+		w.complete(i, resp.Receipt, err, nil)
+		if err == nil && rng.IntN(8) == 0 {
+			// A caller's own re-send of a handled request, same ID
+			// (as after a lost answer): the intake's dedupe answers
+			// it with the kept response, and the handler must not
+			// run again (CheckAtMostOnce sees a second turn).
+			again, err := w.sender.Request(ctx, d)
+			if err == nil && !bytes.Equal(again.Payload, resp.Payload) {
+				w.mismatch(fmt.Sprintf("re-sent %s answered %q, first %q", d.ID, again.Payload, resp.Payload))
+			}
+		}
+	} else {
+		i := w.invoke(op)
+		r, err := w.sender.Deliver(ctx, d)
+		w.complete(i, r, err, nil)
+	}
+	cancel()
+}
+
+// sparse drives a lane of a cold address with pauses of
+// half to twice the nodes' idle timeout between its sequential calls, so
+// that its activation is collected between deliveries about half the
+// time and the next delivery's claim races the collection's release
+// (issue 20's first race: a release by address deleted the claim a new
+// activation had re-adopted).
+func (w *workload) sparse(client int, rng *rand.Rand, addr string, idle time.Duration) {
+	defer w.wg.Done()
+	stream := fmt.Sprintf("s%d", client)
+	for seq := uint64(1); !w.stopped(); seq++ {
+		id := fmt.Sprintf("c%d-%d", client, seq)
+		d := mesh.Delivery{ID: id, To: subjects.Address(addr), Stream: subjects.Stream(stream), Payload: []byte(strconv.FormatUint(seq, 10))}
+		w.sequential(rng, seq, d, nemesis.Op{ID: id, Kind: nemesis.Deliver, Client: client, Address: addr, Stream: stream, Seq: seq})
+		time.Sleep(idle/2 + time.Duration(rng.Int64N(int64(idle)*3/2+1))) // the workload's pacing
 	}
 }
 

@@ -14,6 +14,9 @@
 #   DURATION  how long faults are injected, as a Go duration: 90s, 30m
 # Environment: NATSMESH_CHAOS_FAULTS (comma-separated fault kinds, default
 # all: node-kill,node-freeze,server-lame-duck,server-kill,link-cut),
+# NATSMESH_CHAOS_IDLE (the nodes' idle timeout, a Go duration, e.g. 30ms:
+# activations are collected between deliveries, racing each collection's
+# claim release against the next delivery's claim; default 5 min),
 # NATSMESH_CHAOS_TIMEOUT (go test -timeout, default 4h).
 #
 # Run from the repository root.

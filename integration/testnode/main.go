@@ -83,6 +83,7 @@ func main() {
 	dataDir := flag.String("data-dir", "", "the node's data directory (lock and holder record, as meshd's --data-dir); empty: none")
 	leaf := flag.String("leaf-remote", "", "run an embedded server as a leaf node of this hub (as meshd's --leaf-remote)")
 	listen := flag.String("listen", "", "the embedded server's client address (with --leaf-remote)")
+	idle := flag.Duration("idle-timeout", 0, "collect an activation idle this long (as meshd's --idle-timeout); 0: the default")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -198,7 +199,7 @@ func main() {
 	})
 	err := daemon.Run(ctx, daemon.Config{
 		Name: *name, NATSURL: *url, LeafRemote: *leaf, Listen: *listen, KVReplicas: *replicas, KVCluster: *kvCluster, Heartbeat: *hb, TTL: *ttl, DrainTimeout: *drain,
-		DisableIngress: !*ingress, HTTP: *httpAddr, Replace: *replace, DataDir: *dataDir,
+		DisableIngress: !*ingress, HTTP: *httpAddr, Replace: *replace, DataDir: *dataDir, IdleTimeout: *idle,
 		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)),
 		Kinds: map[string]hub.Factory{
 			"hold": func(context.Context, subjects.Address) (hub.Hub, error) {
