@@ -337,7 +337,7 @@ func TestBuildOutlivingCloseIsDeactivated(t *testing.T) {
 	if err := <-ch; err != nil {
 		t.Fatal(err)
 	}
-	h.closeWithin(50*time.Millisecond, nil) // gives up on the build
+	h.closeWithin(50*time.Millisecond, nil, false) // gives up on the build
 	if g.heldCount() != 1 || c.deactivated.Load() != 0 {
 		t.Fatalf("before the build returned: claims %d, deactivated %d", g.heldCount(), c.deactivated.Load())
 	}

@@ -256,7 +256,14 @@ func (h *Host) collectIdle(before time.Time) {
 // Drain stops accepting (new deliveries are refused ShuttingDown), waits
 // until every accepted delivery is handled or ctx's deadline nears, fails
 // whatever is still queued with a late ShuttingDown, flushes those late
-// verdicts to the server, deactivates every activation and unsubscribes. The
+// verdicts to the server and deactivates every activation. It keeps the
+// generation's subscription until Close: a duplicate of a delivery this
+// host accepted (a sender's re-send under the same ID) is still answered
+// from the dedupe window — Accepted, the kept response, the failure it met
+// — and anything else is refused ShuttingDown, so a re-send in the drain's
+// wake is not handled a second time by the address's next owner (found by
+// the nemesis: a re-send 1 ms after a drain began met no responders once
+// the drained host had unsubscribed, and ran again on the successor). The
 // last quarter of the time to ctx's deadline (at most 500 ms) is kept for
 // failing and flushing, so every late verdict is on its way to its sender
 // by the deadline, when the caller may close the connection or stop an
@@ -295,7 +302,7 @@ func (h *Host) Drain(ctx context.Context) error {
 	if werr != nil {
 		grace = drainGrace // the deadline passed: do not wait much longer
 	}
-	h.closeWithin(grace, ctx)
+	h.closeWithin(grace, ctx, true)
 	return werr
 }
 
@@ -325,16 +332,20 @@ func (h *Host) busy() bool {
 // cancels builds and handlers, waits for them (at most DefaultCloseWait: a
 // handler that ignores its ctx is abandoned and logged) and deactivates
 // every activation. Safe to call more than once.
-func (h *Host) Close() { h.closeWithin(DefaultCloseWait, nil) }
+func (h *Host) Close() { h.closeWithin(DefaultCloseWait, nil, false) }
 
 // closeWithin closes the host, waiting at most wait for handlers; if flush
 // is set, the late verdicts of what was still queued are flushed to the
 // server, bounded by flush's deadline (2 s without one), before the wait.
-func (h *Host) closeWithin(wait time.Duration, flush context.Context) {
+// With keepSub the subscription stays (Drain: duplicates are answered from
+// the dedupe window until Close).
+func (h *Host) closeWithin(wait time.Duration, flush context.Context, keepSub bool) {
 	h.mu.Lock()
 	h.draining = true
-	sub := h.sub
-	h.sub = nil
+	var sub *nats.Subscription
+	if !keepSub {
+		sub, h.sub = h.sub, nil
+	}
 	all := make([]*activation, 0, len(h.activations))
 	for addr, a := range h.activations {
 		all = append(all, a)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
@@ -300,5 +301,61 @@ func TestDuplicateRequestWhileQueued(t *testing.T) {
 	<-done
 	if e := rec.executions("f-dup"); e != 0 {
 		t.Errorf("failed delivery handled %d times", e)
+	}
+}
+
+// TestDrainedHostAnswersDuplicates: after a host's drain, until the node
+// closes it (a node's drain does so once it has left the registry), a
+// sender's re-send under the ID of a delivery the host handled is answered
+// from the dedupe window — Accepted, the kept response again, the handler
+// not run again — and a new delivery is refused ShuttingDown (resendable).
+// Before, the drained host unsubscribed at once: the re-send met no
+// responders, re-resolved, and ran again on the address's next owner (the
+// nemesis, seed 2104 with idle collection: a re-send 1 ms after a drain
+// began).
+func TestDrainedHostAnswersDuplicates(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error { return d.Respond([]byte("re:" + d.ID)) }
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithRetry(RetryPolicy{Initial: time.Millisecond, Max: time.Millisecond, MaxRetries: 2}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const handled = 20
+	for i := range handled {
+		id := fmt.Sprintf("h-%d", i)
+		r, err := c.Request(ctx, Delivery{To: "rec/d", ID: id, Stream: subjects.Stream(fmt.Sprint(i % 3))})
+		if err != nil || string(r.Payload) != "re:"+id {
+			t.Fatalf("request %s: %q, %v", id, r.Payload, err)
+		}
+		if i%2 == 0 { // plain deliveries too
+			if _, err := c.Deliver(ctx, Delivery{To: "rec/d", ID: "p-" + id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := n.Host().Drain(ctx); err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	for i := range handled {
+		id := fmt.Sprintf("h-%d", i)
+		r, err := c.Request(ctx, Delivery{To: "rec/d", ID: id, Stream: subjects.Stream(fmt.Sprint(i % 3))})
+		if err != nil || string(r.Payload) != "re:"+id {
+			t.Errorf("re-sent %s after the drain: %q, %v; want the kept response", id, r.Payload, err)
+		}
+		if i%2 == 0 {
+			if _, err := c.Deliver(ctx, Delivery{To: "rec/d", ID: "p-" + id}); err != nil {
+				t.Errorf("re-sent p-%s after the drain: %v; want Accepted from the dedupe window", id, err)
+			}
+		}
+		if k := rec.executions(id); k != 1 {
+			t.Errorf("%s ran %d times", id, k)
+		}
+	}
+	_, err := c.Deliver(ctx, Delivery{To: "rec/d", ID: "new-after-drain"})
+	if verdict.Classify(err) != verdict.ShuttingDown || !verdict.IsResendable(err) {
+		t.Errorf("a new delivery after the drain: %v; want a resendable ShuttingDown", err)
+	}
+	if rec.executions("new-after-drain") != 0 {
+		t.Errorf("a new delivery ran on a drained host")
 	}
 }

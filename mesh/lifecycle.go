@@ -112,6 +112,12 @@ func (n *Node) drain(ctx context.Context) error {
 		}
 		lcancel()
 	}
+	if inc != nil {
+		// The drained host kept its subscription, answering duplicates
+		// of what it accepted from its dedupe window until now (the
+		// generation has left: senders re-resolve).
+		inc.host.Close()
+	}
 	n.Client.Close()
 	n.stopServing() // the control service reports "draining" until here
 	return err
