@@ -123,6 +123,23 @@ func TestNemesis(t *testing.T) {
 	n.report(cfg, h)
 }
 
+// TestNemesisIdle runs CI's seed with the nodes' idle timeout at 30 ms
+// (unless NATSMESH_CHAOS_IDLE says otherwise) and the cold addresses of
+// workload.sparse: thousands of activations are collected between
+// deliveries under the faults, each collection's claim release racing the
+// next delivery's claim (issue 20's first race), and every check judges
+// the history as in TestNemesis.
+func TestNemesisIdle(t *testing.T) {
+	longTest(t)
+	cfg := nemesisFromEnv(t)
+	if cfg.idle == 0 {
+		cfg.idle = 30 * time.Millisecond
+	}
+	n, h := runNemesis(t, cfg, "")
+	logActivations(t, h, cfg.idle)
+	n.report(cfg, h)
+}
+
 // logActivations logs how many activations the history's turns ran under:
 // with a short idle timeout (NATSMESH_CHAOS_IDLE), proof that collections
 // raced the workload's deliveries; it fails the test when the cold
