@@ -338,8 +338,11 @@ func (s *Store) Take(ctx context.Context, addr subjects.Address, owner subjects.
 // Save replaces prev with data under compare-and-set on prev.Revision
 // (hub.StateStore). A save whose outcome the reply does not settle (a
 // timeout, a dropped link) is resolved by reading the record back: a newer
-// revision of this owner's epoch is this save (an activation saves one at a
-// time); otherwise the outcome is unknown.
+// revision of this owner's epoch holding data is this save (an activation
+// saves one at a time); anything else leaves the outcome unknown
+// (hub.ErrStateUnknown) — a record another activation took over does not
+// say whether this save landed before the takeover (the taker then read
+// it and carries it on), and the bucket keeps one revision per key.
 func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateRecord, data []byte) (hub.StateRecord, error) {
 	if len(data) > s.max {
 		return hub.StateRecord{}, fmt.Errorf("%w: %d bytes, the limit is %d", hub.ErrStateTooLarge, len(data), s.max)
@@ -375,7 +378,12 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 		case cur.Epoch == prev.Epoch && cur.Owner == prev.Owner && bytes.Equal(cur.Data, data):
 			return cur, nil // this save landed
 		default:
-			return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s was replaced by epoch %d of %s", hub.ErrStateFenced, prev.Revision, addr, cur.Epoch, cur.Owner)
+			// Moved on: by a takeover that may have read this save (found
+			// by the nemesis: a save across a cut gateway landed, its
+			// reply was lost, the successor's take carried its data on —
+			// and "fenced, nothing written" made the request resendable).
+			return hub.StateRecord{}, fmt.Errorf("%w: %w; revision %d of %s was since replaced by epoch %d of %s, which may have taken this save over",
+				hub.ErrStateUnknown, err, prev.Revision, addr, cur.Epoch, cur.Owner)
 		}
 		break
 	}
