@@ -109,6 +109,19 @@ func nemesisFromEnv(t *testing.T) nemesisConfig {
 	return c
 }
 
+// scenarioConfig is the report configuration of a hand-scheduled scenario
+// (seed 1): its history goes to a directory of its own, removed when
+// every check passes and kept (named in the log) when one fails — a
+// t.TempDir would be gone before anyone could read it.
+func scenarioConfig(t *testing.T) nemesisConfig {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "natsmesh-"+strings.ReplaceAll(t.Name(), "/", "_")+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nemesisConfig{seed: 1, out: dir, ownOut: true}
+}
+
 // TestNemesis runs the workload under the seeded schedule and checks the
 // history.
 func TestNemesis(t *testing.T) {
@@ -347,8 +360,18 @@ func (n *nemesisRun) apply(f nemesis.Fault) {
 		if f.Drop {
 			mode = CutDrop
 		}
+		// The fault starts when the node's links in effect stopped: a
+		// proxy starved on a loaded machine may have moved nothing for a
+		// while before it was cut (Proxy.Cut).
+		var stopped time.Time
 		for _, p := range n.nodes[f.Target].proxies {
-			p.Cut(mode)
+			if at := p.Cut(mode); at.After(stopped) {
+				stopped = at
+			}
+		}
+		if !stopped.IsZero() && stopped.UnixNano() < rec.Start {
+			rec.Note = fmt.Sprintf("its proxies last moved bytes %v before the cut", time.Duration(rec.Start-stopped.UnixNano()).Round(time.Millisecond))
+			rec.Start = stopped.UnixNano()
 		}
 		time.Sleep(f.Hold)
 		for _, p := range n.nodes[f.Target].proxies {
@@ -670,6 +693,7 @@ func (w *workload) sequential(rng *rand.Rand, seq uint64, d mesh.Delivery, op ne
 			// (as after a lost answer): the intake's dedupe answers
 			// it with the kept response, and the handler must not
 			// run again (CheckAtMostOnce sees a second turn).
+			w.rec.Resent(i, time.Now().UnixNano())
 			again, err := w.sender.Request(ctx, d)
 			if err == nil && !bytes.Equal(again.Payload, resp.Payload) {
 				w.mismatch(fmt.Sprintf("re-sent %s answered %q, first %q", d.ID, again.Payload, resp.Payload))

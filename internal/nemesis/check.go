@@ -2,6 +2,7 @@ package nemesis
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -326,9 +327,12 @@ func CheckAtMostOnce(h *History) Finding {
 	for _, op := range h.Ops {
 		ts := turns[op.ID]
 		fin := final(op, late)
-		// unseen: turns the sender cannot have known of.
+		// unseen: turns the sender cannot have known of, or that the
+		// caller's own re-send caused after the accepting generation may
+		// have gone.
 		unseen := func(t Turn) bool {
-			return h.inPartitionWindow(t) && (fin.Verdict != Accepted || fmt.Sprintf("%s.%d", t.Node, t.Generation) != op.Node)
+			return h.inPartitionWindow(t) && (fin.Verdict != Accepted || fmt.Sprintf("%s.%d", t.Node, t.Generation) != op.Node) ||
+				h.resentPastOwner(op, t)
 		}
 		var v Violation
 		var seen []Turn
@@ -341,9 +345,13 @@ func CheckAtMostOnce(h *History) Finding {
 			}
 			v = Violation{Check: "at-most-once", Address: op.Address, Stream: op.Stream, ID: op.ID,
 				Detail: fmt.Sprintf("accepted once, ran %d times: %s", len(ts), h.describeTurns(ts))}
-			if len(seen) > 1 {
+			switch {
+			case len(seen) > 1:
 				f.Violations = append(f.Violations, v)
-			} else {
+			case slices.ContainsFunc(ts, func(t Turn) bool { return h.resentPastOwner(op, t) }):
+				v.Detail += " (the caller's own re-send reached a successor after a fault hit the generation that accepted it: the dedupe window is that generation's memory)"
+				f.Excused = append(f.Excused, v)
+			default:
 				v.Detail += " (the extra run was on a node cut off or frozen: the at-least-once window of a partition)"
 				f.Excused = append(f.Excused, v)
 			}
@@ -364,6 +372,37 @@ func CheckAtMostOnce(h *History) Finding {
 		}
 	}
 	return f
+}
+
+// resentPastOwner reports whether t is a run of op's own re-send (the
+// caller sent the ID again after its Accepted: Op.Resent) on a generation
+// other than the one that accepted it, after a fault that can have ended
+// that generation (killed, frozen, drained, cut off) hit its process
+// between op's invoke and t: the dedupe window is the accepting
+// generation's memory, and a successor never saw the ID (DESIGN notes,
+// "What dedupe cannot cover"). A re-send that reached a successor while
+// the accepting generation was untouched is not excused.
+func (h *History) resentPastOwner(op Op, t Turn) bool {
+	if op.Resent == 0 || op.Verdict != Accepted || t.Start < op.Resent || fmt.Sprintf("%s.%d", t.Node, t.Generation) == op.Node {
+		return false
+	}
+	procs := map[string]bool{}
+	for _, o := range h.Turns {
+		if fmt.Sprintf("%s.%d", o.Node, o.Generation) == op.Node {
+			procs[o.Process] = true
+		}
+	}
+	for _, f := range h.Faults {
+		if procs[f.Process] && f.Kind.OnNode() && f.Start <= t.Start && f.End >= op.Invoke {
+			return true
+		}
+	}
+	for p := range procs {
+		if e, ok := h.Exits[p]; ok && e >= op.Invoke && e <= t.Start {
+			return true
+		}
+	}
+	return false
 }
 
 // hadEffect reports whether any of ts ran without reporting that it

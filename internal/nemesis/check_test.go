@@ -221,6 +221,35 @@ func TestAtMostOnce(t *testing.T) {
 			Turns:  []Turn{turn("a", "k/1", "n1", 1, 10, 11), turn("a", "k/1", "n2", 2, 800, 801)},
 		}, "accepted once, ran 2 times")
 	})
+	// The caller's own re-send (Op.Resent) after its Accepted from n1.1:
+	// a run of it on n2 is the documented bound of dedupe only when n1's
+	// process was hit by a fault that can end its generation in between.
+	resent := func(at int64) Op { o := lane("q", "k/1", "", 0, 0, acceptedBy("n1.1")); o.Resent = ms(at); return o }
+	kill := FaultRecord{Fault: Fault{Kind: NodeKill}, Process: "n1#0", Start: ms(30), End: ms(300)}
+	t.Run("good: re-sent by the caller after its owner was killed, ran on the successor", func(t *testing.T) {
+		h := &History{Faults: []FaultRecord{kill}, Ops: []Op{resent(20)},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n2", 2, 400, 401)}}
+		expect(t, CheckAtMostOnce, h)
+		if e := CheckAtMostOnce(h).Excused; len(e) != 1 {
+			t.Fatalf("excused %v, want the re-send's run", e)
+		}
+	})
+	t.Run("good: re-sent by the caller, its owner exited before the successor ran it", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{Ops: []Op{resent(20)}, Exits: map[string]int64{"n1#0": ms(100)},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n2", 2, 400, 401)}})
+	})
+	t.Run("bad: re-sent by the caller, its owner untouched, ran on another node", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{Ops: []Op{resent(20)},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n2", 2, 400, 401)}}, "accepted once, ran 2 times")
+	})
+	t.Run("bad: re-sent by the caller, ran again on the owner that had accepted it", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{Faults: []FaultRecord{kill}, Ops: []Op{resent(20)},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n1", 1, 25, 26)}}, "accepted once, ran 2 times")
+	})
+	t.Run("bad: a run on the successor before the caller re-sent", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{Faults: []FaultRecord{kill}, Ops: []Op{resent(500)},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n2", 2, 400, 401)}}, "accepted once, ran 2 times")
+	})
 	t.Run("bad: a resendable verdict for a delivery that ran", func(t *testing.T) {
 		noEffect := turn("r", "k/1", "n1", 1, 10, 11)
 		noEffect.NoEffect = true

@@ -92,6 +92,11 @@ type Op struct {
 
 	Invoke   int64 `json:"invoke"`
 	Complete int64 `json:"complete,omitempty"` // 0: the call never returned
+	// Resent is when the caller sent it again under the same ID after its
+	// verdict (its own re-send, as after a lost answer; Unix ns); 0: it
+	// did not. The re-send's outcome is not recorded: its answer is the
+	// kept one or a verdict saying it is gone.
+	Resent int64 `json:"resent,omitempty"`
 	Outcome
 }
 
@@ -278,6 +283,14 @@ func (r *Recorder) Complete(i int, at int64, o Outcome) {
 	defer r.mu.Unlock()
 	r.h.Ops[i].Complete = at
 	r.h.Ops[i].Outcome = o
+}
+
+// Resent records that the caller re-sent operation i at (Unix ns), under
+// its ID, after its verdict (Op.Resent).
+func (r *Recorder) Resent(i int, at int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.h.Ops[i].Resent = at
 }
 
 // AddLate records a late verdict.
