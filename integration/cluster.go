@@ -317,19 +317,30 @@ func StartClusterRouteProxies(t testing.TB, n int) *Cluster {
 }
 
 // Isolate cuts every route between server i and the others in mode (its
-// clients stay connected to it); Heal restores them.
-func (c *Cluster) Isolate(i int, mode CutMode) {
+// clients stay connected to it); Heal restores them. It returns when the
+// routes in effect stopped: the latest time any of their proxies moved
+// bytes (Proxy.Cut), at most now.
+func (c *Cluster) Isolate(i int, mode CutMode) time.Time {
+	var stopped time.Time
+	cut := func(p *Proxy) {
+		if at := p.Cut(mode); at.After(stopped) {
+			stopped = at
+		}
+	}
 	for j, s := range c.servers {
 		if j == i {
 			for _, p := range s.RouteProxies {
-				p.Cut(mode)
+				if p != nil {
+					cut(p)
+				}
 			}
 			continue
 		}
 		if p := s.RouteProxies[i]; p != nil {
-			p.Cut(mode)
+			cut(p)
 		}
 	}
+	return stopped
 }
 
 // Heal restores what Isolate(i) cut.

@@ -46,7 +46,8 @@ func TestLeafNodeMeshd(t *testing.T) {
 	wl := n.startWorkloadFrom(primer, 2, 1000, "l") // the leaf's own callers
 	w.progress(t, 200)
 	cut := time.Now()
-	px.Cut(CutDrop)
+	stopped := px.Cut(CutDrop)
+	t.Logf("the leaf link's proxy last moved bytes %v before the cut", cut.Sub(stopped))
 	lapse := cut.Add(testTTL)
 	back := servedOnEast(t, n, addrs, cut)
 	t.Logf("every address served on the hub %v after the leaf link was cut (TTL %v)", back, testTTL)
@@ -71,7 +72,7 @@ func TestLeafNodeMeshd(t *testing.T) {
 	}
 	// As in TestSuperclusterGatewayCut: the link's cut (the at-least-once
 	// window) and the lease's lapse (turns running then may run on).
-	n.addLeaseCut(n.nodes[2], cut, lapse, restored, "leaf link cut")
+	n.addLeaseCut(n.nodes[2], stopped, lapse, restored, "leaf link cut")
 	h := n.rec.Finish(time.Now().UnixNano(), turns)
-	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+	n.report(scenarioConfig(t), h)
 }

@@ -149,7 +149,8 @@ func TestLeaseServerPartition(t *testing.T) {
 	wa := n.startWorkloadFrom(sA, 2, 1000, "a")
 	w.progress(t, 200)
 	cut := time.Now()
-	c.Isolate(a, CutDrop)
+	stopped := c.Isolate(a, CutDrop)
+	t.Logf("the route proxies last moved bytes %v before the cut", cut.Sub(stopped))
 	lapse := cut.Add(testTTL)
 	t.Logf("cut at %s", cut.UTC().Format(time.RFC3339Nano))
 	var back time.Duration
@@ -198,9 +199,9 @@ func TestLeaseServerPartition(t *testing.T) {
 	t.Logf("%d turns started on p1 after the lease should have lapsed, before the heal (%v after the cut)", late, restored.Sub(cut))
 	t.Logf("p1 lease lapses logged: %d", strings.Count(n.nodes[0].proc.Stderr(), leaseLapseLine))
 	nd := n.nodes[0]
-	n.addLeaseCut(nd, cut, lapse, restored, "its server isolated")
+	n.addLeaseCut(nd, stopped, lapse, restored, "its server isolated")
 	h := n.rec.Finish(time.Now().UnixNano(), turns)
-	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+	n.report(scenarioConfig(t), h)
 }
 
 // TestLeaseLeaderKillPause: a registry leader election must not stop
@@ -333,7 +334,7 @@ func leaderPause(t *testing.T, freeze bool) {
 		}
 	}
 	h := n.rec.Finish(time.Now().UnixNano(), turns)
-	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+	n.report(scenarioConfig(t), h)
 }
 
 // registryElected times, from a client on the given servers, how long after

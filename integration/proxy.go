@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -35,6 +36,11 @@ type Proxy struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
+
+	// lastForward is when a pump last wrote bytes on (Unix ns): a link the
+	// proxy stopped moving before it was cut (its goroutines starved on a
+	// loaded machine) was in effect cut from then on.
+	lastForward atomic.Int64
 }
 
 // StartProxy listens on a free loopback port and forwards each connection
@@ -115,6 +121,7 @@ func (p *Proxy) pump(src, dst net.Conn) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
+			p.lastForward.Store(time.Now().UnixNano())
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
@@ -125,8 +132,17 @@ func (p *Proxy) pump(src, dst net.Conn) {
 	}
 }
 
-// Cut cuts the link in mode until Restore.
-func (p *Proxy) Cut(mode CutMode) {
+// Cut cuts the link in mode until Restore. It returns when the link in
+// effect stopped: now, or — when the proxy had moved no bytes for a while
+// before (its goroutines starved on a loaded machine, with traffic
+// waiting) — the last time it forwarded any; a checker's partition window
+// starts there.
+func (p *Proxy) Cut(mode CutMode) time.Time {
+	now := time.Now()
+	stopped := now
+	if last := p.lastForward.Load(); last != 0 && time.Unix(0, last).Before(now) {
+		stopped = time.Unix(0, last)
+	}
 	p.mu.Lock()
 	p.cut = mode
 	var conns []net.Conn
@@ -139,6 +155,7 @@ func (p *Proxy) Cut(mode CutMode) {
 	for _, c := range conns {
 		c.Close()
 	}
+	return stopped
 }
 
 // Restore forwards again (new connections; after CutDrop, also the held

@@ -120,13 +120,19 @@ func (c *Cluster) KillAll() {
 
 // CutGateways cuts every gateway connection between the clusters (each
 // server's gateway proxy) in mode, with every server up: each cluster goes
-// on alone, its clients' links intact.
-func (sc *Supercluster) CutGateways(mode CutMode) {
+// on alone, its clients' links intact. It returns when the gateways in
+// effect stopped: the latest time any of their proxies moved bytes (see
+// Proxy.Cut), at most now.
+func (sc *Supercluster) CutGateways(mode CutMode) time.Time {
+	var stopped time.Time
 	for _, c := range sc.Clusters {
 		for _, s := range c.servers {
-			s.GatewayProxy.Cut(mode)
+			if at := s.GatewayProxy.Cut(mode); at.After(stopped) {
+				stopped = at
+			}
 		}
 	}
+	return stopped
 }
 
 // RestoreGateways undoes CutGateways.

@@ -371,7 +371,7 @@ func TestSuperclusterClusterLoss(t *testing.T) {
 			Start: killed.UnixNano(), End: time.Now().UnixNano(), Note: "every server of its cluster killed"})
 	}
 	h := n.rec.Finish(time.Now().UnixNano(), turns)
-	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+	n.report(scenarioConfig(t), h)
 }
 
 // TestSuperclusterGatewayCut: the workload of TestSuperclusterClusterLoss,
@@ -399,7 +399,8 @@ func TestSuperclusterGatewayCut(t *testing.T) {
 	ww := n.startWorkloadFrom(tcW, 2, 1000, "w")
 	w.progress(t, 200)
 	cut := time.Now()
-	sc.CutGateways(CutDrop)
+	stopped := sc.CutGateways(CutDrop)
+	t.Logf("the gateway proxies last moved bytes %v before the cut", cut.Sub(stopped))
 	lapse := cut.Add(testTTL) // the lease lapses by then: the last acknowledged heartbeat was issued before the cut
 	back := servedOnEast(t, n, addrs, cut)
 	t.Logf("every address served on east %v after the gateways were cut (TTL %v)", back, testTTL)
@@ -424,14 +425,15 @@ func TestSuperclusterGatewayCut(t *testing.T) {
 	// save cannot reach the bucket and fails at its timeout, fenced by the
 	// revision check — but none starts after it).
 	for _, nd := range n.nodes[2:] {
-		n.addLeaseCut(nd, cut, lapse, restored, "gateways cut")
+		n.addLeaseCut(nd, stopped, lapse, restored, "gateways cut")
 	}
 	h := n.rec.Finish(time.Now().UnixNano(), turns)
-	n.report(nemesisConfig{seed: 1, out: t.TempDir()}, h)
+	n.report(scenarioConfig(t), h)
 }
 
 // addLeaseCut records, for the checkers, the two cuts a node cut off from
-// the registry with its link up goes through: the link's (from cut on a
+// the registry with its link up goes through: the link's (from cut — when
+// the link in effect stopped carrying bytes, see Proxy.Cut — on a
 // delivery it ran may have lost its answer, and its re-send runs again
 // elsewhere: the at-least-once window of a partition, DESIGN §6), and the
 // registration lease's lapse (a turn running then may run on, fenced by

@@ -129,20 +129,30 @@ func ConnectURL(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 }
 
 // Eventually polls cond every few milliseconds until it is true or timeout
-// passes, then fails the test with msg. It is the tests' only way to wait.
+// passes, then fails the test with msg. It is the tests' only way to wait
+// (with Poll, for a test that reports the last state it saw itself).
 func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
 	t.Helper()
+	if !Poll(timeout, cond) {
+		t.Fatalf("natstest: condition not met in %v: "+msg, append([]any{timeout}, args...)...)
+	}
+}
+
+// Poll polls cond as Eventually does and reports whether it became true
+// within timeout.
+func Poll(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	wait := time.Millisecond
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("natstest: condition not met in %v: "+msg, append([]any{timeout}, args...)...)
+			return false
 		}
 		time.Sleep(wait)
 		if wait < 20*time.Millisecond {
 			wait *= 2
 		}
 	}
+	return true
 }
 
 // start applies the run's accounts (EnvAccounts) and opts to o, starts the
