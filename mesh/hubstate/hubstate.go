@@ -342,7 +342,9 @@ func (s *Store) Take(ctx context.Context, addr subjects.Address, owner subjects.
 // saves one at a time); anything else leaves the outcome unknown
 // (hub.ErrStateUnknown) — a record another activation took over does not
 // say whether this save landed before the takeover (the taker then read
-// it and carries it on), and the bucket keeps one revision per key.
+// it and carries it on), and the bucket keeps one revision per key. A
+// revision mismatch is read back too (mismatched): it is fenced only when
+// the record moved on without this save.
 func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateRecord, data []byte) (hub.StateRecord, error) {
 	if len(data) > s.max {
 		return hub.StateRecord{}, fmt.Errorf("%w: %d bytes, the limit is %d", hub.ErrStateTooLarge, len(data), s.max)
@@ -357,7 +359,7 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 		return next, nil
 	}
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s is no longer current: %w", hub.ErrStateFenced, prev.Revision, addr, err)
+		return s.mismatched(ctx, addr, prev, next, err)
 	}
 	if notWritten(err) {
 		return hub.StateRecord{}, fmt.Errorf("%w: %w", hub.ErrStateUnavailable, err)
@@ -388,6 +390,34 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 		break
 	}
 	return hub.StateRecord{}, fmt.Errorf("%w: %w", hub.ErrStateUnknown, err)
+}
+
+// mismatched settles a save the bucket refused with a revision mismatch
+// ("wrong last sequence"). That does not prove nothing was written: the
+// refused publish may be a repeat of one that was stored (found by
+// TestLeaseServerPartition: as an isolated server's routes came back, a
+// save was refused "wrong last sequence" while its own value was the
+// record, and the next get served it — answered not-the-owner, i.e.
+// resendable, it was a lost update). So the record is read back: this
+// owner's epoch holding this data at a newer revision is this save (an
+// activation saves one at a time); another epoch holding this data may
+// have carried it on (outcome unknown); anything else is fenced — the
+// record moved on without this save. A read that fails leaves it unknown.
+func (s *Store) mismatched(ctx context.Context, addr subjects.Address, prev, next hub.StateRecord, err error) (hub.StateRecord, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hub.DefaultStateTimeout)
+	defer cancel()
+	cur, gerr := get(rctx, s.kv, addr)
+	switch {
+	case gerr != nil && !errors.Is(gerr, ErrNotFound):
+		return hub.StateRecord{}, fmt.Errorf("%w: %w; reading revision %d of %s back: %w", hub.ErrStateUnknown, err, prev.Revision, addr, gerr)
+	case gerr == nil && cur.Revision != prev.Revision && bytes.Equal(cur.Data, next.Data):
+		if cur.Epoch == prev.Epoch && cur.Owner == prev.Owner {
+			return cur, nil // a repeat of this save, which landed
+		}
+		return hub.StateRecord{}, fmt.Errorf("%w: %w; revision %d of %s was replaced by epoch %d of %s holding this save's data, which may have taken it over",
+			hub.ErrStateUnknown, err, prev.Revision, addr, cur.Epoch, cur.Owner)
+	}
+	return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s is no longer current: %w", hub.ErrStateFenced, prev.Revision, addr, err)
 }
 
 // deletedAt returns the revision of key's deletion marker if the key's

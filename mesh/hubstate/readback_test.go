@@ -74,3 +74,105 @@ func TestSaveReadBackAfterTakeover(t *testing.T) {
 		}
 	}
 }
+
+// repeated is the bucket as a save meets it when its publish is repeated:
+// the first is stored, the reply to the second (the one the caller hears)
+// is "wrong last sequence" because the first moved the revision on.
+type repeated struct{ jetstream.KeyValue }
+
+func (r repeated) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
+	if _, err := r.KeyValue.Update(ctx, key, value, last); err != nil {
+		return 0, err
+	}
+	return r.KeyValue.Update(ctx, key, value, last)
+}
+
+// TestSaveRevisionMismatch: a save refused with a revision mismatch is
+// fenced ("nothing written") only when the record moved on without it.
+// A mismatch whose record is this save (a repeated publish whose first
+// copy landed) is the save's success; one whose successor holds this
+// save's data is outcome unknown. Before, every mismatch read "fenced"
+// (found by TestLeaseServerPartition: a kv-set answered not-the-owner —
+// resendable — whose value the next get served).
+func TestSaveRevisionMismatch(t *testing.T) {
+	s := natstest.RunServer(t)
+	ctx := context.Background()
+	a := subjects.NodeID{Name: "a", Generation: 1}
+	b := subjects.NodeID{Name: "b", Generation: 2}
+	open := func() *Store {
+		st, err := Open(ctx, Config{Conn: natstest.Connect(t, s)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	st, other := open(), open()
+
+	t.Run("repeat of a save that landed", func(t *testing.T) {
+		addr := subjects.Address("kv/repeat")
+		prev, err := st.Take(ctx, addr, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := *st
+		rs.kv = repeated{st.kv}
+		got, err := rs.Save(ctx, addr, prev, []byte("x"))
+		if err != nil {
+			t.Fatalf("save: %v, want the landed record", err)
+		}
+		cur, err := st.Get(ctx, addr)
+		if err != nil || got.Revision != cur.Revision || string(cur.Data) != "x" || cur.Epoch != prev.Epoch {
+			t.Fatalf("save returned %+v, the record is %+v (%v)", got, cur, err)
+		}
+		if _, err := st.Save(ctx, addr, got, []byte("y")); err != nil {
+			t.Fatalf("the next save on the returned record: %v", err)
+		}
+	})
+	t.Run("taken over before the save", func(t *testing.T) {
+		addr := subjects.Address("kv/fenced")
+		prev, err := st.Take(ctx, addr, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Take(ctx, addr, b); err != nil {
+			t.Fatal(err)
+		}
+		_, err = st.Save(ctx, addr, prev, []byte("x"))
+		if !errors.Is(err, hub.ErrStateFenced) || errors.Is(err, hub.ErrStateUnknown) {
+			t.Fatalf("save: %v, want only hub.ErrStateFenced", err)
+		}
+	})
+	t.Run("successor holds this save's data", func(t *testing.T) {
+		addr := subjects.Address("kv/carried")
+		prev, err := st.Take(ctx, addr, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := *st
+		rs.kv = takenAfter{st.kv, func() {
+			if _, err := other.Take(ctx, addr, b); err != nil {
+				t.Error(err)
+			}
+		}}
+		_, err = rs.Save(ctx, addr, prev, []byte("x"))
+		if !errors.Is(err, hub.ErrStateUnknown) || errors.Is(err, hub.ErrStateFenced) {
+			t.Fatalf("save: %v, want only hub.ErrStateUnknown", err)
+		}
+	})
+}
+
+// takenAfter stores the update, lets a successor take the record over
+// (carrying the update's data on), then answers as a repeated publish
+// would: a revision mismatch.
+type takenAfter struct {
+	jetstream.KeyValue
+	successor func()
+}
+
+func (r takenAfter) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
+	if _, err := r.KeyValue.Update(ctx, key, value, last); err != nil {
+		return 0, err
+	}
+	r.successor()
+	return r.KeyValue.Update(ctx, key, value, last)
+}
