@@ -187,6 +187,7 @@ func (a *activation) turns() {
 func (a *activation) handle(hub Hub, e *entry) {
 	h := a.host
 	d := &e.Delivery
+	d.claim = a.claimToken()
 	start := time.Now()
 	ctx := h.ctx
 	var span trace.Span // nil: tracing off

@@ -95,6 +95,7 @@ type Delivery struct {
 	answerTo       string
 	expectResponse bool
 	rec            *record // its outcome in the dedupe window
+	claim          ClaimToken
 	host           *Host
 	responded      atomic.Bool
 	tr             *traceContexts // nil: tracing off
@@ -102,6 +103,16 @@ type Delivery struct {
 
 // ExpectsResponse reports whether the sender awaits a response (a request).
 func (d *Delivery) ExpectsResponse() bool { return d.expectResponse }
+
+// Claim returns the claim the activation running this turn held when the
+// turn started: the directory's token (its Rev is the KV revision the
+// claim was issued at, increasing across the address's claims), or the
+// zero token on a host without [Claims]. It is for diagnostics and
+// checkers — the nemesis judges that no turn starts under a claim older
+// than one another activation already ran under — not for deciding
+// ownership: the host does that. Safe to call from the handler's
+// goroutines during the turn.
+func (d *Delivery) Claim() ClaimToken { return d.claim }
 
 // Respond sends payload as the response to a request. It does not block on
 // the requester. For a plain delivery (no response expected) it does nothing

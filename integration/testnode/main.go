@@ -263,7 +263,7 @@ func nemesisKind(turn func(ctx context.Context, st *hub.State, value *string, d 
 		return hub.HandlerFunc(func(ctx context.Context, d *hub.Delivery) error {
 			n := turnLog.n.Add(1)
 			logTurn(nemesis.TurnEvent{Event: nemesis.TurnStart, N: n, Node: rec.Owner.Name, Generation: rec.Owner.Generation,
-				Activation: rec.Epoch, Address: string(d.To), Stream: string(d.Stream), ID: d.ID, Attempt: d.Attempt})
+				Activation: rec.Epoch, Address: string(d.To), Stream: string(d.Stream), ID: d.ID, Attempt: d.Attempt, Claim: d.Claim().Rev})
 			err := turn(ctx, st, &value, d)
 			logTurn(nemesis.TurnEvent{Event: nemesis.TurnEnd, N: n,
 				NoEffect: errors.Is(err, hub.ErrStateFenced) || errors.Is(err, hub.ErrStateUnavailable)})

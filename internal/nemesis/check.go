@@ -74,6 +74,7 @@ type Options struct {
 func Checkers(o Options) []Checker {
 	return []Checker{
 		{"single-activation", CheckSingleActivation},
+		{"claim-current", CheckClaims},
 		{"lane-order", CheckLaneOrder},
 		{"at-most-once", CheckAtMostOnce},
 		{"timeout-not-resent", CheckTimeoutNotResent},
@@ -131,6 +132,9 @@ func (h *History) describeTurn(t Turn) string {
 	noEffect := ""
 	if t.NoEffect {
 		noEffect = ", persisted nothing"
+	}
+	if t.Claim != 0 {
+		noEffect = fmt.Sprintf(", claim %d", t.Claim) + noEffect
 	}
 	return fmt.Sprintf("%s on %s.%d (process %s, activation %d, attempt %d%s) [%s, %s]",
 		t.ID, t.Node, t.Generation, t.Process, t.Activation, t.Attempt, noEffect, h.rel(t.Start), end)
@@ -250,6 +254,76 @@ func CheckSingleActivation(h *History) Finding {
 				f.Violations = append(f.Violations, v)
 			}
 			active = append(active, t)
+		}
+	}
+	return f
+}
+
+// CheckClaims checks that every turn ran under a claim naming its
+// activation — ownership is the token the directory issued, never a name
+// (DESIGN §5, §6) — judged from the claim revision each turn logged
+// (Turn.Claim: the directory's KV revision at the claim's issue, which
+// only grows across an address's claims):
+//   - where any turn of the history logged a claim, every turn did: one
+//     without ran under no claim (say, its activation's claim was released
+//     by address under it);
+//   - a claim revision belongs to one activation: two activations that ran
+//     under the same claim shared it;
+//   - per address, no turn starts under a claim older than one another
+//     activation already started a turn under: the newer claim superseded
+//     it, and its activation must not run again (the successor may be
+//     running now, or may run next).
+//
+// A turn that started on a node cut off or frozen (from PartitionGrace
+// before the fault) is excused: it ran before the node could notice
+// (DESIGN §6), and CheckSingleActivation judges any overlap it caused.
+// It judges turns; a history with no claims logged is not judged.
+func CheckClaims(h *History) Finding {
+	var f Finding
+	if !slices.ContainsFunc(h.Turns, func(t Turn) bool { return t.Claim != 0 }) {
+		return f
+	}
+	f.Checked = len(h.Turns)
+	type act struct {
+		node       string
+		gen, epoch uint64
+	}
+	actOf := func(t Turn) act { return act{t.Node, t.Generation, t.Activation} }
+	add := func(t Turn, detail string) {
+		v := Violation{Check: "claim-current", Address: t.Address, ID: t.ID, Detail: detail}
+		if h.inPartitionWindow(t) {
+			v.Detail += " (on a node cut off or frozen, before it could notice)"
+			f.Excused = append(f.Excused, v)
+			return
+		}
+		f.Violations = append(f.Violations, v)
+	}
+	byAddr := map[string][]Turn{}
+	for _, t := range h.Turns {
+		byAddr[t.Address] = append(byAddr[t.Address], t)
+	}
+	for _, a := range sortedKeys(byAddr) {
+		ts := byAddr[a]
+		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
+		owner := map[uint64]Turn{} // claim revision -> the first turn under it
+		var newest Turn            // the first turn under the newest claim started so far
+		for _, t := range ts {
+			if t.Claim == 0 {
+				add(t, "ran under no claim: "+h.describeTurn(t))
+				continue
+			}
+			if o, ok := owner[t.Claim]; ok && actOf(o) != actOf(t) {
+				add(t, fmt.Sprintf("two activations ran under claim revision %d: %s and %s", t.Claim, h.describeTurn(o), h.describeTurn(t)))
+			} else if !ok {
+				owner[t.Claim] = t
+			}
+			switch {
+			case newest.Claim == 0 || t.Claim > newest.Claim:
+				newest = t
+			case t.Claim < newest.Claim && actOf(newest) != actOf(t):
+				add(t, fmt.Sprintf("started under claim revision %d after another activation ran under the newer %d: %s, after %s",
+					t.Claim, newest.Claim, h.describeTurn(t), h.describeTurn(newest)))
+			}
 		}
 	}
 	return f

@@ -384,3 +384,54 @@ func TestKV(t *testing.T) {
 		})
 	}
 }
+
+func TestClaims(t *testing.T) {
+	claimed := func(tr Turn, rev uint64) Turn { tr.Claim = rev; return tr }
+	t.Run("good: each activation under its own claim, newer claims later", func(t *testing.T) {
+		expect(t, CheckClaims, &History{Turns: []Turn{
+			claimed(turn("a", "k/1", "n1", 1, 0, 10), 5),
+			claimed(turn("b", "k/1", "n1", 1, 10, 20), 5),
+			claimed(turn("c", "k/1", "n2", 2, 30, 40), 9),
+			claimed(turn("x", "k/2", "n3", 3, 5, 35), 2), // another address: its own revisions
+		}})
+	})
+	t.Run("good: a history without claims is not judged", func(t *testing.T) {
+		h := &History{Turns: []Turn{turn("a", "k/1", "n1", 1, 0, 10)}}
+		expect(t, CheckClaims, h)
+		if c := CheckClaims(h).Checked; c != 0 {
+			t.Fatalf("judged %d", c)
+		}
+	})
+	t.Run("bad: a turn under no claim", func(t *testing.T) {
+		expect(t, CheckClaims, &History{Turns: []Turn{
+			claimed(turn("a", "k/1", "n1", 1, 0, 10), 5),
+			turn("b", "k/1", "n1", 1, 10, 20),
+		}}, "ran under no claim: b on n1.1")
+	})
+	t.Run("bad: two activations under one claim", func(t *testing.T) {
+		expect(t, CheckClaims, &History{Turns: []Turn{
+			claimed(turn("a", "k/1", "n1", 1, 0, 10), 5),
+			claimed(turn("b", "k/1", "n2", 2, 20, 30), 5),
+		}}, "two activations ran under claim revision 5")
+	})
+	t.Run("bad: the superseded activation runs again", func(t *testing.T) {
+		expect(t, CheckClaims, &History{Turns: []Turn{
+			claimed(turn("a", "k/1", "n1", 1, 0, 10), 5),
+			claimed(turn("b", "k/1", "n2", 2, 20, 30), 9),
+			claimed(turn("c", "k/1", "n1", 1, 40, 50), 5),
+		}}, "started under claim revision 5 after another activation ran under the newer 9: c on n1.1")
+	})
+	t.Run("good: the superseded one ran on a node cut off, before it noticed", func(t *testing.T) {
+		h := &History{
+			Faults: []FaultRecord{{Fault: Fault{Kind: LinkCut}, Process: "n1#0", Start: ms(15), End: ms(100)}},
+			Turns: []Turn{
+				claimed(turn("a", "k/1", "n1", 1, 0, 10), 5),
+				claimed(turn("b", "k/1", "n2", 2, 20, 30), 9),
+				claimed(turn("c", "k/1", "n1", 1, 40, 50), 5),
+			}}
+		expect(t, CheckClaims, h)
+		if e := CheckClaims(h).Excused; len(e) != 1 {
+			t.Fatalf("excused %v", e)
+		}
+	})
+}

@@ -188,9 +188,13 @@ type Turn struct {
 	Stream     string `json:"stream,omitempty"`
 	ID         string `json:"id"`
 	// Attempt is the sender's attempt that was accepted (1-based).
-	Attempt int   `json:"attempt"`
-	Start   int64 `json:"start"`
-	End     int64 `json:"end,omitempty"` // 0: no end logged (see History.Exits)
+	Attempt int `json:"attempt"`
+	// Claim is the revision of the claim its activation held when it
+	// started (the directory's KV revision at the claim's issue); 0: no
+	// claim. Checked by CheckClaims.
+	Claim uint64 `json:"claim,omitempty"`
+	Start int64  `json:"start"`
+	End   int64  `json:"end,omitempty"` // 0: no end logged (see History.Exits)
 	// NoEffect: the handler ended with an error saying it persisted
 	// nothing (TurnEvent.NoEffect).
 	NoEffect bool `json:"no_effect,omitempty"`

@@ -22,6 +22,9 @@ type TurnEvent struct {
 	Stream     string `json:"stream,omitempty"`
 	ID         string `json:"id,omitempty"`
 	Attempt    int    `json:"attempt,omitempty"`
+	// Claim (start lines) is the revision of the claim the activation
+	// held when the turn started (hub.Delivery.Claim); 0: none.
+	Claim uint64 `json:"claim,omitempty"`
 	// NoEffect (end lines): the handler returned an error saying it
 	// persisted nothing (its state save was fenced or the store was
 	// unreachable: nothing written, DESIGN §7a).
@@ -70,7 +73,7 @@ func ParseTurnLog(process string, r io.Reader) ([]Turn, error) {
 			open[e.N] = len(turns)
 			turns = append(turns, Turn{
 				Process: process, Node: e.Node, Generation: e.Generation, Activation: e.Activation,
-				Address: e.Address, Stream: e.Stream, ID: e.ID, Attempt: e.Attempt, Start: e.At,
+				Address: e.Address, Stream: e.Stream, ID: e.ID, Attempt: e.Attempt, Claim: e.Claim, Start: e.At,
 			})
 		case TurnEnd:
 			i, ok := open[e.N]
