@@ -25,6 +25,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -106,6 +107,7 @@ type Store struct {
 	kv       jetstream.KeyValue
 	js       jetstream.JetStream
 	stream   jetstream.Stream // the bucket's stream, for raw reads of deletion markers
+	name     string           // the bucket's stream
 	pre      string           // the bucket's subject prefix, "$KV.<bucket>."
 	max      int
 	replicas int
@@ -189,7 +191,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hubstate: bucket %s: %w", kcfg.Bucket, err)
 	}
-	return &Store{kv: kv, js: js, stream: stream, pre: "$KV." + kcfg.Bucket + ".", max: limit, replicas: replicas}, nil
+	return &Store{kv: kv, js: js, stream: stream, name: stream.CachedInfo().Config.Name, pre: "$KV." + kcfg.Bucket + ".", max: limit, replicas: replicas}, nil
 }
 
 // Replicas returns the bucket's replica count as the server reported it
@@ -276,6 +278,61 @@ func get(ctx context.Context, kv jetstream.KeyValue, addr subjects.Address) (hub
 		return hub.StateRecord{}, fmt.Errorf("state of %s: %w", addr, err)
 	}
 	r.Revision, r.Updated = e.Revision(), e.Created()
+	return r, nil
+}
+
+// leaderGet reads addr's record from the bucket stream's leader (the
+// JetStream message-get API), never from a direct get, which any replica
+// may answer: a save's read-back must see what the leader stored, and a
+// replica just back from a partition answers from before it (found by
+// TestLeaseServerPartition: a read-back served by the healed server missed
+// the save it settled). Errors: ErrNotFound (no record, or a deletion
+// marker), ErrCorrupt, or the request's.
+func (s *Store) leaderGet(ctx context.Context, addr subjects.Address) (hub.StateRecord, error) {
+	req, err := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{s.pre + Key(addr)})
+	if err != nil {
+		return hub.StateRecord{}, err
+	}
+	m, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+s.name, req)
+	if err != nil {
+		return hub.StateRecord{}, err
+	}
+	var resp struct {
+		Error *jetstream.APIError `json:"error,omitempty"`
+		Msg   *struct {
+			Seq  uint64    `json:"seq"`
+			Hdrs []byte    `json:"hdrs,omitempty"`
+			Data []byte    `json:"data,omitempty"`
+			Time time.Time `json:"time"`
+		} `json:"message,omitempty"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return hub.StateRecord{}, fmt.Errorf("state of %s: message get: %w", addr, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return hub.StateRecord{}, fmt.Errorf("%w for %s", ErrNotFound, addr)
+	case resp.Error != nil:
+		return hub.StateRecord{}, resp.Error
+	case resp.Msg == nil:
+		return hub.StateRecord{}, fmt.Errorf("state of %s: %w", addr, jetstream.ErrInvalidJetStreamResponse)
+	}
+	if len(resp.Msg.Hdrs) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Msg.Hdrs)
+		if err != nil {
+			return hub.StateRecord{}, fmt.Errorf("state of %s: %w", addr, err)
+		}
+		if op := h.Get(kvOperation); op == kvDelete || op == kvPurge {
+			return hub.StateRecord{}, fmt.Errorf("%w for %s", ErrNotFound, addr)
+		}
+	}
+	r, err := Decode(resp.Msg.Data)
+	if err != nil {
+		return hub.StateRecord{}, fmt.Errorf("state of %s: %w", addr, err)
+	}
+	r.Revision, r.Updated = resp.Msg.Seq, resp.Msg.Time
 	return r, nil
 }
 
@@ -368,7 +425,7 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hub.DefaultStateTimeout)
 	defer cancel()
 	for rctx.Err() == nil {
-		cur, gerr := get(rctx, s.kv, addr)
+		cur, gerr := s.leaderGet(rctx, addr)
 		if gerr != nil {
 			pause(rctx)
 			continue
@@ -406,7 +463,11 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 func (s *Store) mismatched(ctx context.Context, addr subjects.Address, prev, next hub.StateRecord, err error) (hub.StateRecord, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hub.DefaultStateTimeout)
 	defer cancel()
-	cur, gerr := get(rctx, s.kv, addr)
+	cur, gerr := s.leaderGet(rctx, addr)
+	for gerr != nil && !errors.Is(gerr, ErrNotFound) && !errors.Is(gerr, ErrCorrupt) && rctx.Err() == nil {
+		pause(rctx) // no leader for a moment (an election)
+		cur, gerr = s.leaderGet(rctx, addr)
+	}
 	switch {
 	case gerr != nil && !errors.Is(gerr, ErrNotFound):
 		return hub.StateRecord{}, fmt.Errorf("%w: %w; reading revision %d of %s back: %w", hub.ErrStateUnknown, err, prev.Revision, addr, gerr)
