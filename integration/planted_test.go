@@ -17,9 +17,10 @@ import (
 // report violations. The same run without the bug is TestNemesis, which
 // must find none. Not planted: a timeout re-sent (the workload's legs never
 // time out — a frozen node is detected as departed first — so
-// timeout-not-resent judges nothing) and a claim released by address (the
-// workload has no idle collection racing deliveries); both go with the
-// workload that would exercise them.
+// timeout-not-resent judges nothing) and a claim released by address (tried
+// with idle collection: no check fired, since the next claim lands on the
+// same node — RELIABILITY.md); both go with a workload that would
+// exercise them.
 func TestNemesisPlanted(t *testing.T) {
 	longTest(t)
 	bin := BuildPlantedTestNode(t)

@@ -222,13 +222,9 @@ func CheckSingleActivation(h *History) Finding {
 		}
 		return false
 	}
-	byAddr := map[string][]Turn{}
-	for _, t := range h.Turns {
-		byAddr[t.Address] = append(byAddr[t.Address], t)
-	}
+	byAddr := h.turnsByAddress()
 	for _, a := range sortedKeys(byAddr) {
 		ts := byAddr[a]
-		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
 		var active []Turn
 		for _, t := range ts {
 			keep := active[:0]
@@ -257,6 +253,19 @@ func CheckSingleActivation(h *History) Finding {
 		}
 	}
 	return f
+}
+
+// turnsByAddress returns the history's turns per address, each in start
+// order.
+func (h *History) turnsByAddress() map[string][]Turn {
+	byAddr := map[string][]Turn{}
+	for _, t := range h.Turns {
+		byAddr[t.Address] = append(byAddr[t.Address], t)
+	}
+	for _, ts := range byAddr {
+		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
+	}
+	return byAddr
 }
 
 // CheckClaims checks that every turn ran under a claim naming its
@@ -298,13 +307,9 @@ func CheckClaims(h *History) Finding {
 		}
 		f.Violations = append(f.Violations, v)
 	}
-	byAddr := map[string][]Turn{}
-	for _, t := range h.Turns {
-		byAddr[t.Address] = append(byAddr[t.Address], t)
-	}
+	byAddr := h.turnsByAddress()
 	for _, a := range sortedKeys(byAddr) {
 		ts := byAddr[a]
-		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
 		owner := map[uint64]Turn{} // claim revision -> the first turn under it
 		var newest Turn            // the first turn under the newest claim started so far
 		for _, t := range ts {

@@ -75,18 +75,6 @@ func TestSaveReadBackAfterTakeover(t *testing.T) {
 	}
 }
 
-// repeated is the bucket as a save meets it when its publish is repeated:
-// the first is stored, the reply to the second (the one the caller hears)
-// is "wrong last sequence" because the first moved the revision on.
-type repeated struct{ jetstream.KeyValue }
-
-func (r repeated) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
-	if _, err := r.KeyValue.Update(ctx, key, value, last); err != nil {
-		return 0, err
-	}
-	return r.KeyValue.Update(ctx, key, value, last)
-}
-
 // TestSaveRevisionMismatch: a save refused with a revision mismatch is
 // fenced ("nothing written") only when the record moved on without it.
 // A mismatch whose record is this save (a repeated publish whose first
@@ -115,7 +103,7 @@ func TestSaveRevisionMismatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		rs := *st
-		rs.kv = repeated{st.kv}
+		rs.kv = repeated{KeyValue: st.kv}
 		got, err := rs.Save(ctx, addr, prev, []byte("x"))
 		if err != nil {
 			t.Fatalf("save: %v, want the landed record", err)
@@ -149,7 +137,7 @@ func TestSaveRevisionMismatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		rs := *st
-		rs.kv = takenAfter{st.kv, func() {
+		rs.kv = repeated{KeyValue: st.kv, successor: func() {
 			if _, err := other.Take(ctx, addr, b); err != nil {
 				t.Error(err)
 			}
@@ -161,18 +149,22 @@ func TestSaveRevisionMismatch(t *testing.T) {
 	})
 }
 
-// takenAfter stores the update, lets a successor take the record over
-// (carrying the update's data on), then answers as a repeated publish
-// would: a revision mismatch.
-type takenAfter struct {
+// repeated is the bucket as a save meets it when its publish is repeated:
+// the first is stored, then (if successor is set) a successor takes the
+// record over, carrying the update's data on; the reply the caller hears
+// is the repeat's, "wrong last sequence", because the first moved the
+// revision on.
+type repeated struct {
 	jetstream.KeyValue
 	successor func()
 }
 
-func (r takenAfter) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
+func (r repeated) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
 	if _, err := r.KeyValue.Update(ctx, key, value, last); err != nil {
 		return 0, err
 	}
-	r.successor()
+	if r.successor != nil {
+		r.successor()
+	}
 	return r.KeyValue.Update(ctx, key, value, last)
 }
