@@ -108,6 +108,7 @@ type Store struct {
 	js       jetstream.JetStream
 	stream   jetstream.Stream // the bucket's stream, for raw reads of deletion markers
 	name     string           // the bucket's stream
+	api      string           // the JetStream API prefix, "$JS.API."
 	pre      string           // the bucket's subject prefix, "$KV.<bucket>."
 	max      int
 	replicas int
@@ -191,7 +192,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hubstate: bucket %s: %w", kcfg.Bucket, err)
 	}
-	return &Store{kv: kv, js: js, stream: stream, name: stream.CachedInfo().Config.Name, pre: "$KV." + kcfg.Bucket + ".", max: limit, replicas: replicas}, nil
+	return &Store{kv: kv, js: js, stream: stream, name: stream.CachedInfo().Config.Name, api: apiPrefix(js), pre: "$KV." + kcfg.Bucket + ".", max: limit, replicas: replicas}, nil
 }
 
 // Replicas returns the bucket's replica count as the server reported it
@@ -295,7 +296,7 @@ func (s *Store) leaderGet(ctx context.Context, addr subjects.Address) (hub.State
 	if err != nil {
 		return hub.StateRecord{}, err
 	}
-	m, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+s.name, req)
+	m, err := s.js.Conn().RequestWithContext(ctx, s.api+"STREAM.MSG.GET."+s.name, req)
 	if err != nil {
 		return hub.StateRecord{}, err
 	}
@@ -434,6 +435,11 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 		case cur.Revision == prev.Revision:
 			// Not applied yet; it may still be (a proposal in flight),
 			// so this is not "not written".
+		case cur.Revision < prev.Revision:
+			// A stale read (a replica that still believes it leads):
+			// says nothing.
+			pause(rctx)
+			continue
 		case cur.Epoch == prev.Epoch && cur.Owner == prev.Owner && bytes.Equal(cur.Data, data):
 			return cur, nil // this save landed
 		default:
@@ -451,15 +457,19 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 
 // mismatched settles a save the bucket refused with a revision mismatch
 // ("wrong last sequence"). That does not prove nothing was written: the
-// refused publish may be a repeat of one that was stored (found by
+// refused publish may repeat one that was stored (found by
 // TestLeaseServerPartition: as an isolated server's routes came back, a
 // save was refused "wrong last sequence" while its own value was the
 // record, and the next get served it — answered not-the-owner, i.e.
-// resendable, it was a lost update). So the record is read back: this
-// owner's epoch holding this data at a newer revision is this save (an
-// activation saves one at a time); another epoch holding this data may
-// have carried it on (outcome unknown); anything else is fenced — the
-// record moved on without this save. A read that fails leaves it unknown.
+// resendable, it was a lost update). So the record is read back from the
+// leader: this owner's epoch holding this data at a newer revision is this
+// save (an activation saves one at a time); the record still at prev's
+// revision (a write in flight: the server refuses a second meanwhile), or
+// at an older one (a stale read), or gone, or another epoch holding this
+// data leaves it unknown; another epoch holding other data is fenced —
+// the record moved on without this save. A read that fails leaves it
+// unknown. Not told apart (the bucket keeps one revision per key): a
+// successor that carried this save on and saved again before the read.
 func (s *Store) mismatched(ctx context.Context, addr subjects.Address, prev, next hub.StateRecord, err error) (hub.StateRecord, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hub.DefaultStateTimeout)
 	defer cancel()
@@ -468,15 +478,21 @@ func (s *Store) mismatched(ctx context.Context, addr subjects.Address, prev, nex
 		pause(rctx) // no leader for a moment (an election)
 		cur, gerr = s.leaderGet(rctx, addr)
 	}
+	unknown := func(why string, a ...any) (hub.StateRecord, error) {
+		return hub.StateRecord{}, fmt.Errorf("%w: %w; revision %d of %s: %s", hub.ErrStateUnknown, err, prev.Revision, addr, fmt.Sprintf(why, a...))
+	}
 	switch {
-	case gerr != nil && !errors.Is(gerr, ErrNotFound):
-		return hub.StateRecord{}, fmt.Errorf("%w: %w; reading revision %d of %s back: %w", hub.ErrStateUnknown, err, prev.Revision, addr, gerr)
-	case gerr == nil && cur.Revision != prev.Revision && bytes.Equal(cur.Data, next.Data):
+	case gerr != nil:
+		return unknown("read back: %v", gerr)
+	case cur.Revision <= prev.Revision:
+		return unknown("the record read back is at revision %d (a write in flight, or a stale read)", cur.Revision)
+	case bytes.Equal(cur.Data, next.Data):
 		if cur.Epoch == prev.Epoch && cur.Owner == prev.Owner {
 			return cur, nil // a repeat of this save, which landed
 		}
-		return hub.StateRecord{}, fmt.Errorf("%w: %w; revision %d of %s was replaced by epoch %d of %s holding this save's data, which may have taken it over",
-			hub.ErrStateUnknown, err, prev.Revision, addr, cur.Epoch, cur.Owner)
+		return unknown("replaced by epoch %d of %s holding this save's data, which may have taken it over", cur.Epoch, cur.Owner)
+	case cur.Epoch == prev.Epoch && cur.Owner == prev.Owner:
+		return unknown("this epoch's record holds other data at revision %d", cur.Revision)
 	}
 	return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s is no longer current: %w", hub.ErrStateFenced, prev.Revision, addr, err)
 }
@@ -524,7 +540,17 @@ func (s *Store) Delete(ctx context.Context, addr subjects.Address, prev hub.Stat
 		return hub.StateRecord{Owner: prev.Owner, Epoch: prev.Epoch, Revision: ack.Sequence}, nil
 	case errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
-		return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s is no longer current: %w", hub.ErrStateFenced, prev.Revision, addr, err)
+		// As a save's (mismatched): fenced only when the leader shows
+		// another epoch's record; a marker (this delete, repeated), the
+		// record still at prev's revision or older, or a failed read
+		// leave it unknown.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hub.DefaultStateTimeout)
+		defer cancel()
+		cur, gerr := s.leaderGet(rctx, addr)
+		if gerr == nil && cur.Revision > prev.Revision && (cur.Epoch != prev.Epoch || cur.Owner != prev.Owner) {
+			return hub.StateRecord{}, fmt.Errorf("%w: revision %d of %s is no longer current: %w", hub.ErrStateFenced, prev.Revision, addr, err)
+		}
+		return hub.StateRecord{}, fmt.Errorf("%w: %w; revision %d of %s read back at revision %d (%v)", hub.ErrStateUnknown, err, prev.Revision, addr, cur.Revision, gerr)
 	case notWritten(err):
 		return hub.StateRecord{}, fmt.Errorf("%w: %w", hub.ErrStateUnavailable, err)
 	}
@@ -550,6 +576,18 @@ func pause(ctx context.Context) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// apiPrefix returns the JetStream API prefix js sends its requests under.
+func apiPrefix(js jetstream.JetStream) string {
+	o := js.Options()
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
 }
 
 // placement returns the JetStream placement in cluster, nil when empty.

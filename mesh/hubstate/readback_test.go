@@ -168,3 +168,33 @@ func (r repeated) Update(ctx context.Context, key string, value []byte, last uin
 	}
 	return r.KeyValue.Update(ctx, key, value, last)
 }
+
+// TestSaveMismatchAfterSuccessorSaved: a stale save refused because a
+// successor took over and saved its own data is fenced — nothing of it
+// was written. (The case Save cannot tell from this one, a successor that
+// carried the save on and saved again before the read-back, is the
+// documented residual of protocol.md §8b.)
+func TestSaveMismatchAfterSuccessorSaved(t *testing.T) {
+	s := natstest.RunServer(t)
+	ctx := context.Background()
+	st, err := Open(ctx, Config{Conn: natstest.Connect(t, s)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := subjects.Address("kv/successor-saved")
+	prev, err := st.Take(ctx, addr, subjects.NodeID{Name: "a", Generation: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, err := st.Take(ctx, addr, subjects.NodeID{Name: "b", Generation: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Save(ctx, addr, taken, []byte("b's")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Save(ctx, addr, prev, []byte("a's"))
+	if !errors.Is(err, hub.ErrStateFenced) || errors.Is(err, hub.ErrStateUnknown) {
+		t.Fatalf("stale save: %v, want only hub.ErrStateFenced", err)
+	}
+}
