@@ -142,9 +142,19 @@ func (h *History) describeTurn(t Turn) string {
 
 // turnsByID returns the turns of each delivery ID, in start order.
 func (h *History) turnsByID() map[string][]Turn {
+	return h.turnsBy(func(t Turn) string { return t.ID })
+}
+
+// turnsByAddress returns the turns of each address, in start order.
+func (h *History) turnsByAddress() map[string][]Turn {
+	return h.turnsBy(func(t Turn) string { return t.Address })
+}
+
+// turnsBy groups the history's turns by key, each group in start order.
+func (h *History) turnsBy(key func(Turn) string) map[string][]Turn {
 	out := map[string][]Turn{}
 	for _, t := range h.Turns {
-		out[t.ID] = append(out[t.ID], t)
+		out[key(t)] = append(out[key(t)], t)
 	}
 	for _, ts := range out {
 		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
@@ -253,19 +263,6 @@ func CheckSingleActivation(h *History) Finding {
 		}
 	}
 	return f
-}
-
-// turnsByAddress returns the history's turns per address, each in start
-// order.
-func (h *History) turnsByAddress() map[string][]Turn {
-	byAddr := map[string][]Turn{}
-	for _, t := range h.Turns {
-		byAddr[t.Address] = append(byAddr[t.Address], t)
-	}
-	for _, ts := range byAddr {
-		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Start < ts[j].Start })
-	}
-	return byAddr
 }
 
 // CheckClaims checks that every turn ran under a claim naming its

@@ -337,6 +337,19 @@ func (s *Store) leaderGet(ctx context.Context, addr subjects.Address) (hub.State
 	return r, nil
 }
 
+// readBack reads addr's record from the leader (leaderGet) to settle a
+// write, retrying while no leader answers (an election) until rctx ends.
+// Errors: ErrNotFound, ErrCorrupt, or the last read's once rctx ended.
+func (s *Store) readBack(rctx context.Context, addr subjects.Address) (hub.StateRecord, error) {
+	for {
+		cur, err := s.leaderGet(rctx, addr)
+		if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt) || rctx.Err() != nil {
+			return cur, err
+		}
+		pause(rctx)
+	}
+}
+
 // Take takes addr's state over for owner (hub.StateStore): it writes the
 // record back naming owner and the next epoch, under compare-and-set,
 // retrying until it wins or ctx ends. A record that does not decode fails
@@ -426,10 +439,9 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hub.DefaultStateTimeout)
 	defer cancel()
 	for rctx.Err() == nil {
-		cur, gerr := s.leaderGet(rctx, addr)
+		cur, gerr := s.readBack(rctx, addr)
 		if gerr != nil {
-			pause(rctx)
-			continue
+			break // gone, corrupt, or no answer within the bound: unknown
 		}
 		switch {
 		case cur.Revision == prev.Revision:
@@ -473,11 +485,7 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 func (s *Store) mismatched(ctx context.Context, addr subjects.Address, prev, next hub.StateRecord, err error) (hub.StateRecord, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hub.DefaultStateTimeout)
 	defer cancel()
-	cur, gerr := s.leaderGet(rctx, addr)
-	for gerr != nil && !errors.Is(gerr, ErrNotFound) && !errors.Is(gerr, ErrCorrupt) && rctx.Err() == nil {
-		pause(rctx) // no leader for a moment (an election)
-		cur, gerr = s.leaderGet(rctx, addr)
-	}
+	cur, gerr := s.readBack(rctx, addr)
 	unknown := func(why string, a ...any) (hub.StateRecord, error) {
 		return hub.StateRecord{}, fmt.Errorf("%w: %w; revision %d of %s: %s", hub.ErrStateUnknown, err, prev.Revision, addr, fmt.Sprintf(why, a...))
 	}
