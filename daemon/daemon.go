@@ -366,7 +366,7 @@ func (c *Config) factories(node *mesh.Node, names []string) map[string]hub.Facto
 // connection and stops the embedded server. It returns nil after a clean
 // drain, the drain's error if the deadline cut it short, or the start-up
 // error (invalid config, NATS unreachable, port in use).
-func Run(ctx context.Context, cfg Config) error {
+func Run(ctx context.Context, cfg Config) (runErr error) {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
@@ -404,7 +404,11 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		defer dd.Close()
+		defer func() {
+			// How this run ended, for meshd drain, before the lock goes.
+			dd.RecordExit(runErr)
+			_ = dd.Close()
+		}()
 	}
 	var ns *server.Server
 	url := cfg.NATSURL
@@ -516,6 +520,27 @@ func Run(ctx context.Context, cfg Config) error {
 		defer httpLn.Close()
 		info.HTTPAddr = httpLn.Addr().String()
 	}
+	// HTTP answers from the moment its port is bound: while the node
+	// joins (which may wait up to a TTL for a registered generation of
+	// its name), /healthz says the process is alive and /readyz and
+	// /metrics answer 503 "starting" — before, they did not answer at all
+	// until the join returned (a fresh-user trial: curl hung 8 s).
+	var ready atomic.Bool
+	var httpSrv *http.Server
+	var served atomic.Pointer[http.Handler]
+	if httpLn != nil {
+		ln := httpLn
+		starting := startingHandler()
+		served.Store(&starting)
+		httpSrv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*served.Load()).ServeHTTP(w, r) }),
+			ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+				log.Error("http server failed", "err", err)
+			}
+		}()
+		defer httpSrv.Close()
+	}
 	if !cfg.Standalone {
 		log.Info("joining the mesh", "name", cfg.Name, "nats", info.NATSURL)
 	}
@@ -530,16 +555,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	info.Node = node.ID()
 
-	var ready atomic.Bool
-	var httpSrv *http.Server
-	if httpLn != nil {
-		ln := httpLn
-		httpSrv = &http.Server{Handler: handler(node, nc, &ready, met), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http server failed", "err", err)
-			}
-		}()
+	if httpSrv != nil {
+		h := handler(node, nc, &ready, met)
+		served.Store(&h)
 	}
 	ready.Store(true)
 	log.Info("meshd node serving", "node", node.ID().String(), "nats", info.NATSURL, "kinds", strings.Join(info.Kinds, ","), "http", info.HTTPAddr, "prefix", string(cfg.Prefix))
@@ -586,6 +604,20 @@ var ErrNoJetStream = errors.New("daemon: no JetStream on the NATS account")
 // jetStreamWait bounds how long a start waits for JetStream to answer (a
 // cluster that just formed may have no meta leader for a moment).
 const jetStreamWait = 10 * time.Second
+
+// startingHandler serves while the node joins: /healthz 200 (the process
+// is alive: a liveness probe must not restart a node waiting out its
+// name's TTL), /readyz and /metrics 503.
+func startingHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok (starting)") })
+	notYet := func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not ready (starting: joining the mesh)", http.StatusServiceUnavailable)
+	}
+	mux.HandleFunc("/readyz", notYet)
+	mux.HandleFunc("/metrics", notYet)
+	return mux
+}
 
 // handler serves /metrics, /healthz and /readyz.
 func handler(node *mesh.Node, nc *nats.Conn, ready *atomic.Bool, met *departureMetrics) http.Handler {

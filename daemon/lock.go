@@ -49,7 +49,21 @@ type holderRecord struct {
 	// about to announce), oldest first.
 	Generations []uint64  `json:"generations"`
 	Updated     time.Time `json:"updated"`
+	// Exit is how the holder's run ended, written just before it let the
+	// lock go: ExitDrained, or the error its run returned (a drain cut
+	// short by its deadline, a newer incarnation taking over, …). Empty
+	// while it runs, and after a process that was killed or crashed —
+	// which is how meshd drain tells a clean drain from the rest.
+	Exit string `json:"exit,omitempty"`
 }
+
+// ExitDrained is the holder record's Exit after a clean run: the node
+// drained and left.
+const ExitDrained = "drained"
+
+// ErrDrainNotClean: the holder exited, but not after a clean drain (its
+// drain was cut short, it failed, or it was killed).
+var ErrDrainNotClean = errors.New("daemon: the holder exited without a clean drain")
 
 // dataDir is a data directory held by this process.
 type dataDir struct {
@@ -181,6 +195,20 @@ func (d *dataDir) writeLocked() error {
 	return nil
 }
 
+// RecordExit records how this run ended (nil: drained) in the holder
+// record, for meshd drain; a failure to write it is logged.
+func (d *dataDir) RecordExit(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.rec.Exit = ExitDrained
+	if err != nil {
+		d.rec.Exit = err.Error()
+	}
+	if werr := d.writeLocked(); werr != nil {
+		d.log.Warn("could not record how the run ended", "err", werr)
+	}
+}
+
 // Close releases the lock. The record stays: the next holder reads it.
 func (d *dataDir) Close() error { return d.lock.Close() }
 
@@ -229,6 +257,16 @@ func DrainHolder(ctx context.Context, dir string) (int, error) {
 			return rec.PID, fmt.Errorf("daemon: the holder of %s (pid %d) is still draining: %w", dir, rec.PID, ctx.Err())
 		case <-t.C:
 		}
+	}
+	// Exited: how? The record says, if the holder wrote it on its way
+	// out; a process killed or crashed (a second signal included) wrote
+	// nothing.
+	end, ok := readHolder(dir)
+	switch {
+	case !ok || end.PID != rec.PID || end.Exit == "":
+		return rec.PID, fmt.Errorf("%w: pid %d exited without recording how its run ended (killed or crashed?); see its log", ErrDrainNotClean, rec.PID)
+	case end.Exit != ExitDrained:
+		return rec.PID, fmt.Errorf("%w: pid %d: %s", ErrDrainNotClean, rec.PID, end.Exit)
 	}
 	return rec.PID, nil
 }

@@ -89,7 +89,7 @@ func newCollector(n *mesh.Node, nc *nats.Conn) *collector {
 		refusals:          d("hub_refusals_total", "Deliveries refused before acceptance, by verdict reason.", "reason"),
 		lateAnswers:       d("hub_late_answers_total", "Late verdicts sent after acceptance, by verdict reason.", "reason"),
 		selfEvents:        d("node_events_total", "This node's own membership events: fenced (its generation declared gone), rejoined (under a fresh generation), superseded (a newer generation of its name took over).", "event"),
-		buildInfo:         d("build_info", "Constant 1, labelled with the build: natsmesh version and revision, Go, nats.go and nats-server versions.", "version", "revision", "goversion", "nats_go", "nats_server"),
+		buildInfo:         d("build_info", "Constant 1, labelled with the build: natsmesh release, module version and revision, Go, nats.go and nats-server versions.", "release", "version", "revision", "goversion", "nats_go", "nats_server"),
 		nodeInfo:          d("node_info", "Constant 1, labelled with this node's identity: name, current generation, subject prefix and hosted kinds.", "name", "generation", "node", "prefix", "kinds"),
 		reconnects:        d("nats_reconnects_total", "Reconnections of this node's NATS connection."),
 		natsConnected:     d("nats_connected", "1 while this node's NATS connection is connected, else 0."),
@@ -211,7 +211,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.selfEvents, m.Superseded, "superseded")
 	}
 	ch <- prometheus.MustNewConstMetric(c.buildInfo, prometheus.GaugeValue, 1,
-		c.build.Version, c.build.Revision, c.build.GoVersion, nats.Version, server.VERSION)
+		c.build.Release, c.build.Version, c.build.Revision, c.build.GoVersion, nats.Version, server.VERSION)
 	id := c.node.ID()
 	ch <- prometheus.MustNewConstMetric(c.nodeInfo, prometheus.GaugeValue, 1,
 		id.Name, strconv.FormatUint(id.Generation, 10), id.String(), s.Prefix, strings.Join(s.Kinds, ","))

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/buildinfo"
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
@@ -226,7 +227,7 @@ func TestMetricsScrape(t *testing.T) {
 		}
 	}
 	b := find("natsmesh_build_info", "", "")
-	if label(b, "nats_go") != nats.Version || label(b, "nats_server") == "" || !strings.HasPrefix(label(b, "goversion"), "go") || label(b, "version") == "" {
+	if label(b, "nats_go") != nats.Version || label(b, "nats_server") == "" || !strings.HasPrefix(label(b, "goversion"), "go") || label(b, "version") == "" || label(b, "release") != buildinfo.Release {
 		t.Errorf("build info labels %v", b.GetLabel())
 	}
 	n := find("natsmesh_node_info", "", "")

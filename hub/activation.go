@@ -38,18 +38,30 @@ type activation struct {
 	host *Host
 	addr subjects.Address
 
-	mu         sync.Mutex
-	state      actState
-	hub        Hub
-	queue      []*entry // inbox: queue[head:] are waiting, in acceptance order
-	head       int
-	running    bool // a turn goroutine is draining the inbox
-	holds      int  // explicit holds pin the activation
+	mu      sync.Mutex
+	state   actState
+	hub     Hub
+	queue   []*entry // inbox: queue[head:] are waiting, in acceptance order
+	head    int
+	running bool // a turn goroutine is draining the inbox
+	// idle, when not nil, is closed (and cleared) when the running turn
+	// goroutine stops: waitIdle's signal.
+	idle       chan struct{}
+	holds      int // explicit holds pin the activation
 	lastActive time.Time
-	building   bool       // the build goroutine has not returned: deactivate waits for it
-	done       bool       // deactivate ran
-	claim      ClaimToken // the claim this activation holds (zero without Claims)
-	failure    error      // why the build failed (stateFailed): the activation-failed verdict
+	building   bool // the build goroutine has not returned: deactivate waits for it
+	done       bool // deactivate ran
+	// finished: deactivate returned (the hub deactivated, the claim
+	// released); waitDeactivated, waitFinished.
+	finished event
+	// removed: Deactivate took it out of the host's map (waitRemoved).
+	removed event
+	// prev is the address's previous activation on this node, stood down
+	// under a turn that may still run: build waits until it finished
+	// (waitFinished) before it builds this one.
+	prev    *activation
+	claim   ClaimToken // the claim this activation holds (zero without Claims)
+	failure error      // why the build failed (stateFailed): the activation-failed verdict
 
 	stateHandle *State // durable state, once LoadState took it over (state.go)
 
@@ -132,6 +144,24 @@ func (a *activation) startTurnLocked() {
 	go a.turns()
 }
 
+// waitIdle blocks until no turn goroutine runs on a (at once if none
+// does).
+func (a *activation) waitIdle() {
+	for {
+		a.mu.Lock()
+		if !a.running {
+			a.mu.Unlock()
+			return
+		}
+		if a.idle == nil {
+			a.idle = make(chan struct{})
+		}
+		ch := a.idle
+		a.mu.Unlock()
+		<-ch
+	}
+}
+
 // turns handles queued deliveries one at a time until the inbox is empty.
 func (a *activation) turns() {
 	defer a.host.wg.Done()
@@ -139,6 +169,10 @@ func (a *activation) turns() {
 		a.mu.Lock()
 		if a.state != stateReady || a.head == len(a.queue) {
 			a.running = false
+			if a.idle != nil {
+				close(a.idle)
+				a.idle = nil
+			}
 			a.lastActive = time.Now()
 			if a.head == len(a.queue) && cap(a.queue) > 64 {
 				a.queue, a.head = nil, 0 // give a burst's memory back
@@ -295,6 +329,13 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 func (a *activation) build(f Factory) {
 	h := a.host
 	defer h.wg.Done()
+	if p := a.prev; p != nil {
+		// Its last turn returns, then it deactivates (its hub's
+		// Deactivate, its claim released): only then may this one load
+		// the address's state and run turns.
+		p.waitFinished()
+		a.prev = nil
+	}
 	var ro map[string]bool // the hub's read-only delivery types
 	var reentrant bool
 	hub, err := func() (hub Hub, err error) {
@@ -372,6 +413,7 @@ func (a *activation) standDown(cause error) {
 	h.mu.Lock()
 	if h.activations[a.addr] == a {
 		delete(h.activations, a.addr)
+		h.retiring[a.addr] = a // this very turn still runs
 	}
 	h.mu.Unlock()
 	h.log.Warn("activation stands down: its state cannot be persisted", "address", string(a.addr), "err", cause)
@@ -450,6 +492,86 @@ func (a *activation) deactivate() {
 	}
 	if c := h.cfg.Claims; c != nil && !tok.IsZero() {
 		c.Release(tok)
+	}
+	a.mu.Lock()
+	a.finished.fire()
+	a.mu.Unlock()
+	h.mu.Lock()
+	if h.retiring[a.addr] == a {
+		delete(h.retiring, a.addr) // no next activation came meanwhile
+	}
+	h.mu.Unlock()
+}
+
+// event is a one-shot signal guarded by its activation's mu: fire marks it
+// and wakes every waiter; wait returns nil once it fired, else a channel
+// that closes when it fires.
+type event struct {
+	fired bool
+	ch    chan struct{}
+}
+
+func (e *event) fire() {
+	e.fired = true
+	if e.ch != nil {
+		close(e.ch)
+		e.ch = nil
+	}
+}
+
+func (e *event) wait() <-chan struct{} {
+	if e.fired {
+		return nil
+	}
+	if e.ch == nil {
+		e.ch = make(chan struct{})
+	}
+	return e.ch
+}
+
+// waitDeactivated blocks until a deactivate under way returns: at once if
+// none started (a build still running deactivates when it returns) or it
+// returned already.
+func (a *activation) waitDeactivated() {
+	a.mu.Lock()
+	var ch <-chan struct{}
+	if a.done {
+		ch = a.finished.wait()
+	}
+	a.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+}
+
+// waitFinished waits until deactivate returned (the last turn ended, the
+// hub deactivated, the claim released), or the host closes.
+func (a *activation) waitFinished() { a.await(&a.finished, nil) }
+
+// markRemoved records that Deactivate took the activation out of the
+// host's map, waking waitRemoved.
+func (a *activation) markRemoved() {
+	a.mu.Lock()
+	a.removed.fire()
+	a.mu.Unlock()
+}
+
+// waitRemoved waits until Deactivate took the activation out of the host's
+// map (markRemoved), or ctx or the host ends.
+func (a *activation) waitRemoved(ctx context.Context) { a.await(&a.removed, ctx.Done()) }
+
+// await waits until e fires, stop closes (nil: never) or the host closes.
+func (a *activation) await(e *event, stop <-chan struct{}) {
+	a.mu.Lock()
+	ch := e.wait()
+	a.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-stop:
+	case <-a.host.ctx.Done():
 	}
 }
 

@@ -205,21 +205,30 @@ type Host struct {
 	// acceptedHdr is the constant header of every Accepted reply; it is
 	// shared read-only (nats.go only reads a header when publishing).
 	acceptedHdr nats.Header
-	answerKey   string // this generation's answer key (answer.go)
-	log         *slog.Logger
-	dedupe      *dedupe
-	breaker     *breaker // nil: off
+	// compactAccepted is the payload of every compact Accepted reply
+	// (HeaderAccept): CompactAccepted, then the answer key; shared
+	// read-only (nats.go copies it into its buffer when publishing).
+	compactAccepted []byte
+	answerKey       string // this generation's answer key (answer.go)
+	log             *slog.Logger
+	dedupe          *dedupe
+	breaker         *breaker // nil: off
 
 	kindsMu sync.RWMutex
 	kinds   map[string]Factory
 
 	mu          sync.RWMutex
 	activations map[subjects.Address]*activation
-	claiming    map[subjects.Address]*claimOp // cold addresses whose claim is in flight
-	parked      int                           // deliveries parked on claiming, node-wide
-	draining    bool
-	sub         *nats.Subscription
-	claimSem    chan struct{}
+	// retiring holds, per address, an activation taken out of activations
+	// while a turn of it may still run (StandDown, standDown): the
+	// address's next activation on this node builds only once it finished
+	// (activation.prev), so that no two of its turns ever overlap here.
+	retiring map[subjects.Address]*activation
+	claiming map[subjects.Address]*claimOp // cold addresses whose claim is in flight
+	parked   int                           // deliveries parked on claiming, node-wide
+	draining bool
+	sub      *nats.Subscription
+	claimSem chan struct{}
 
 	ctx    context.Context // cancelled by Close: builds and handlers
 	cancel context.CancelFunc
@@ -252,21 +261,23 @@ func New(cfg Config) (*Host, error) {
 		br = newBreaker(cfg.BreakerRate, time.Now)
 	}
 	return &Host{
-		acceptedHdr: acceptedHdr,
-		answerKey:   answerKey,
-		ansPrefix:   cfg.Prefix.Sub(AnswerToken + "."),
-		cfg:         cfg,
-		tracer:      meshtrace.Tracer(cfg.TracerProvider),
-		nodeID:      cfg.Node.String(),
-		log:         cfg.Logger.With("node", cfg.Node.String()),
-		dedupe:      newDedupe(cfg.DedupeWindow, max(cfg.DedupeResponseBytes, 0)),
-		breaker:     br,
-		kinds:       map[string]Factory{},
-		activations: map[subjects.Address]*activation{},
-		claiming:    map[subjects.Address]*claimOp{},
-		claimSem:    make(chan struct{}, cfg.ClaimConcurrency),
-		ctx:         ctx,
-		cancel:      cancel,
+		acceptedHdr:     acceptedHdr,
+		compactAccepted: append([]byte{CompactAccepted}, answerKey...),
+		answerKey:       answerKey,
+		ansPrefix:       cfg.Prefix.Sub(AnswerToken + "."),
+		cfg:             cfg,
+		tracer:          meshtrace.Tracer(cfg.TracerProvider),
+		nodeID:          cfg.Node.String(),
+		log:             cfg.Logger.With("node", cfg.Node.String()),
+		dedupe:          newDedupe(cfg.DedupeWindow, max(cfg.DedupeResponseBytes, 0)),
+		breaker:         br,
+		kinds:           map[string]Factory{},
+		activations:     map[subjects.Address]*activation{},
+		retiring:        map[subjects.Address]*activation{},
+		claiming:        map[subjects.Address]*claimOp{},
+		claimSem:        make(chan struct{}, cfg.ClaimConcurrency),
+		ctx:             ctx,
+		cancel:          cancel,
 	}, nil
 }
 

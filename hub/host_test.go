@@ -46,6 +46,12 @@ func startHost(t *testing.T, nc *nats.Conn) *Host {
 
 func request(t *testing.T, nc *nats.Conn, subject string, hdr map[string]string, data string) (string, error) {
 	t.Helper()
+	return verdict.Decode(requestMsg(t, nc, subject, hdr, data).Header)
+}
+
+// requestMsg sends data with headers hdr to subject and returns the reply.
+func requestMsg(t *testing.T, nc *nats.Conn, subject string, hdr map[string]string, data string) *nats.Msg {
+	t.Helper()
 	m := nats.NewMsg(subject)
 	for k, v := range hdr {
 		m.Header.Set(k, v)
@@ -55,7 +61,7 @@ func request(t *testing.T, nc *nats.Conn, subject string, hdr map[string]string,
 	if err != nil {
 		t.Fatalf("request %s: %v", subject, err)
 	}
-	return verdict.Decode(r.Header)
+	return r
 }
 
 func TestWireIntake(t *testing.T) {

@@ -313,13 +313,24 @@ func (h *Host) reply(m *nats.Msg, err error) {
 		h.endIntake(m, err)
 	}
 	r := &nats.Msg{Subject: m.Reply, Header: h.acceptedHdr}
-	if err != nil {
+	switch {
+	case err != nil:
 		r.Header = nats.Header{}
 		verdict.Encode(r.Header, err, h.nodeID)
+	case wantsCompact(m):
+		r.Header, r.Data = nil, h.compactAccepted
 	}
 	if perr := h.cfg.Conn.PublishMsg(r); perr != nil {
 		h.log.Warn("reply failed", "subject", m.Subject, "err", perr)
 	}
+}
+
+// wantsCompact reports whether the delivery m asked for a compact Accepted
+// reply (HeaderAccept). The key is looked up as nats.go stores it
+// (canonical), without Header.Get's canonicalisation.
+func wantsCompact(m *nats.Msg) bool {
+	v := m.Header[HeaderAccept]
+	return len(v) == 1 && v[0] == AcceptCompact
 }
 
 // replyGrant answers Accepted with the lane's window grant (HeaderWindow):

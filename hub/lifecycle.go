@@ -85,6 +85,12 @@ func (h *Host) newActivationLocked(addr subjects.Address, f Factory, tok ClaimTo
 		return a, nil
 	}
 	a := &activation{host: h, addr: addr, state: stateBuilding, building: true, claim: tok}
+	if prev := h.retiring[addr]; prev != nil {
+		// The address's previous activation here was stood down under a
+		// turn that may still run: this one builds after it finished.
+		a.prev = prev
+		delete(h.retiring, addr)
+	}
 	h.activations[addr] = a
 	h.wg.Add(1)
 	go a.build(f)
@@ -125,9 +131,11 @@ func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release fun
 			closing := h.activations[addr] == a
 			h.mu.RUnlock()
 			if closing {
-				// Deactivate waits for its turn in progress: so does this
-				// (as Deactivate itself does, a millisecond at a time).
-				time.Sleep(time.Millisecond)
+				// Deactivate closed it and waits for its turn in
+				// progress before it takes it out of the map: wait for
+				// that, so that the new activation never runs beside
+				// the old one's last turn.
+				a.waitRemoved(ctx)
 			}
 			continue // collected or stood down meanwhile: activate it anew
 		}
@@ -170,7 +178,9 @@ func (h *Host) serving() error {
 
 // Deactivate removes addr's activation at once, if any: what it still had
 // queued fails late with ShuttingDown, the hub's Deactivate runs, and the
-// claim is released. It blocks until a handler in progress returns.
+// claim is released. It blocks until a handler in progress returns and the
+// hub's Deactivate returned (a build in progress deactivates the hub when
+// it returns).
 func (h *Host) Deactivate(addr subjects.Address) {
 	h.mu.Lock()
 	a := h.activations[addr]
@@ -183,21 +193,15 @@ func (h *Host) Deactivate(addr subjects.Address) {
 	// (dispatch) instead of building a second activation whose turns would
 	// run beside that one.
 	a.close(verdict.New(verdict.ReasonNotOwner, "activation %s on %s stood down before handling", addr, h.nodeID))
-	for {
-		a.mu.Lock()
-		running := a.running
-		a.mu.Unlock()
-		if !running {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	a.waitIdle()
 	h.mu.Lock()
 	if h.activations[addr] == a {
 		delete(h.activations, addr)
 	}
 	h.mu.Unlock()
+	a.markRemoved()
 	a.deactivate()
+	a.waitDeactivated() // the last turn may have started it: it has returned too
 }
 
 // StandDown removes the activation that holds the claim t, if one still
@@ -206,7 +210,9 @@ func (h *Host) Deactivate(addr subjects.Address) {
 // left alone. What the activation had queued fails late with a resendable
 // not-the-owner verdict; it starts no further turn. StandDown does not wait
 // for a turn in progress: that turn deactivates the hub and releases the
-// claim when it returns. Safe for concurrent use.
+// claim when it returns, and the address's next activation on this node
+// (a delivery may build one at once) builds only after that, so the two
+// never run turns at the same time. Safe for concurrent use.
 func (h *Host) StandDown(t ClaimToken) {
 	h.mu.Lock()
 	a := h.activations[t.Addr]
@@ -215,6 +221,7 @@ func (h *Host) StandDown(t ClaimToken) {
 		return
 	}
 	delete(h.activations, t.Addr)
+	h.retiring[t.Addr] = a
 	h.mu.Unlock()
 	a.retire("its claim was lost")
 }

@@ -69,11 +69,37 @@ const (
 	// HeaderReminderDue is the due time of a reminder's fire, RFC 3339
 	// with nanoseconds, UTC.
 	HeaderReminderDue = "Mesh-Reminder-Due"
+	// HeaderAccept, set to [AcceptCompact] on a leg to a delivery
+	// subject, asks for a compact Accepted reply (docs/protocol.md §4.1a):
+	// no headers, the payload "+" followed by the accepting generation's
+	// answer key — what a sender needs of an Accepted, without a header to
+	// encode on the node and to parse on the sender. Every other reply (a
+	// refusal, an Accepted carrying a HeaderWindow grant) keeps the header
+	// form, and a node that does not know the header answers in the header
+	// form, which a sender asking for compact replies must still read.
+	HeaderAccept = "Mesh-Accept"
 	// HeaderAnswer marks a message sent to an answer subject: "verdict" (a
 	// late verdict that replaces the earlier Accepted) or "response" (the
 	// handler's response). It carries HeaderID and the verdict headers.
 	HeaderAnswer = "Mesh-Answer"
 )
+
+// AcceptCompact is the HeaderAccept value that asks for compact Accepted
+// replies; CompactAccepted is the first byte of such a reply's payload.
+const (
+	AcceptCompact   = "compact"
+	CompactAccepted = '+'
+)
+
+// ParseCompactAccepted reads a compact Accepted reply (HeaderAccept): a
+// message with no headers whose payload is CompactAccepted followed by the
+// answer key. It reports whether m is one, and the key. Pure.
+func ParseCompactAccepted(hdrLen int, data []byte) (key string, ok bool) {
+	if hdrLen != 0 || len(data) == 0 || data[0] != CompactAccepted {
+		return "", false
+	}
+	return string(data[1:]), true
+}
 
 // Values of HeaderAnswer.
 const (

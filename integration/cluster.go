@@ -194,8 +194,12 @@ func startClusters(t testing.TB, specs []clusterSpec, accounts string) ([]*Clust
 				}
 			}
 			if specs[ci].routeProxies {
-				// Gossiped route URLs lead nowhere: only the proxied explicit routes connect.
-				advertise = fmt.Sprintf("  advertise: \"127.0.0.1:%d\"\n", FreePort(t))
+				// Gossiped route URLs lead nowhere: only the proxied explicit
+				// routes connect. no_advertise: clients are told no other
+				// server's client URL, so a client reconnects only to the
+				// URLs it was given — a test's proxies, or the servers it
+				// was meant to reach — and a link cut or a route cut holds.
+				advertise = fmt.Sprintf("  advertise: \"127.0.0.1:%d\"\n  no_advertise: true\n", FreePort(t))
 			}
 			js := ""
 			if specs[ci].jetstream {

@@ -858,25 +858,31 @@ func TestClusterSubscriberFollowsKilledOwner(t *testing.T) {
 	if _, err := tc.Request(context.Background(), mesh.Delivery{To: addr, Type: hubs.KVSet, Payload: []byte("a=1")}); err != nil {
 		t.Fatal(err)
 	}
+	// The owner answers the subscribe on acceptance and sends its snapshot
+	// afterwards, on its own lane to the subscriber: kill it only once the
+	// subscriber has applied that snapshot, or there is no first owner to
+	// follow away from (the new activation's snapshot would be the first).
+	if !natstest.Poll(10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(epochs) > 0
+	}) {
+		a, st, rs := ss.Stats()
+		t.Fatalf("the first owner's snapshot never reached the subscriber: applied %d stale %d resubscribes %d", a, st, rs)
+	}
 	killed := time.Now()
 	if err := nodes[live[0].Name].Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	if !natstest.Poll(20*time.Second, func() bool {
 		mu.Lock()
-		done := !firstNew.IsZero()
-		mu.Unlock()
-		if done {
-			break
-		}
-		if time.Now().After(deadline) {
-			a, st, rs := ss.Stats()
-			e, v := ss.Position()
-			t.Fatalf("the subscriber did not follow the owner to a new activation: applied %d stale %d resubscribes %d position (%d,%d) err %v members %v\nsurvivor stderr:\n%s",
-				a, st, rs, e, v, ss.Err(), tc.Members().Members(), nodes[live[1].Name].Stderr())
-		}
-		time.Sleep(2 * time.Millisecond)
+		defer mu.Unlock()
+		return !firstNew.IsZero()
+	}) {
+		a, st, rs := ss.Stats()
+		e, v := ss.Position()
+		t.Fatalf("the subscriber did not follow the owner to a new activation: applied %d stale %d resubscribes %d position (%d,%d) err %v members %v\nsurvivor stderr:\n%s",
+			a, st, rs, e, v, ss.Err(), tc.Members().Members(), nodes[live[1].Name].Stderr())
 	}
 	mu.Lock()
 	t.Logf("subscriber converged on the new activation %v after the owner's SIGKILL", firstNew.Sub(killed))

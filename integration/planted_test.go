@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/natsmesh/natsmesh/internal/nemesis"
 	"github.com/natsmesh/natsmesh/internal/plant"
@@ -15,26 +16,47 @@ import (
 // internal/plant, build tag natsmesh_plant, switched on by
 // NATSMESH_PLANT), and requires the check that guards that guarantee to
 // report violations. The same run without the bug is TestNemesis, which
-// must find none. Not planted: a timeout re-sent (the workload's legs never
-// time out — a frozen node is detected as departed first — so
-// timeout-not-resent judges nothing) and a claim released by address (tried
-// with idle collection: no check fired, since the next claim lands on the
-// same node — RELIABILITY.md); both go with a workload that would
-// exercise them.
+// must find none.
+//
+// resend-timeout is planted in the sender, which is this test process: it
+// runs only in a test binary built with the tag (CI's long step runs it
+// so), and under its own schedule — route cuts alone, two of them
+// dropping the routes for 7 and 11 s, so that legs across the cut time
+// out (the leg timeout, 5 s, is shorter than the TTL after which the
+// nodes beyond the cut are declared gone). Not planted: a claim released
+// by address (tried with idle collection: no check fired, since the next
+// claim lands on the same node — RELIABILITY.md).
 func TestNemesisPlanted(t *testing.T) {
 	longTest(t)
 	bin := BuildPlantedTestNode(t)
 	for _, tc := range []struct {
 		bug   plant.Bug
 		check string // the checker's name (nemesis.Checkers)
+		// inSender: planted in the sender (this process), so the test
+		// binary must have the tag too; seed, duration and kinds, if
+		// set, replace CI's schedule.
+		inSender bool
+		seed     uint64
+		duration time.Duration
+		kinds    []nemesis.FaultKind
 	}{
-		{plant.SkipDedupe, "at-most-once"},
-		{plant.ReorderLane, "lane-order"},
+		{bug: plant.SkipDedupe, check: "at-most-once"},
+		{bug: plant.ReorderLane, check: "lane-order"},
+		{bug: plant.AckUnsaved, check: "durable-writes"},
+		{bug: plant.StaleStream, check: "stream-convergence"},
+		{bug: plant.ResendTimeout, check: "timeout-not-resent", inSender: true,
+			seed: 30, duration: 16 * time.Second, kinds: []nemesis.FaultKind{nemesis.RouteCut}},
 	} {
 		t.Run(string(tc.bug), func(t *testing.T) {
-			t.Setenv(plant.EnvVar, string(tc.bug)) // the node processes inherit it
+			if tc.inSender && !plant.Built {
+				t.Skipf("%s is planted in the sender, this process: run with go test -tags natsmesh_plant (CI's long step does)", tc.bug)
+			}
+			t.Setenv(plant.EnvVar, string(tc.bug)) // the node processes inherit it (and this one reads it)
 			cfg := nemesisFromEnv(t)
 			cfg.ownOut = true
+			if tc.seed != 0 {
+				cfg.seed, cfg.duration, cfg.kinds = tc.seed, tc.duration, tc.kinds
+			}
 			_, h := runNemesis(t, cfg, bin)
 			results := nemesis.Run(h, nemesis.Options{OutDir: cfg.out})
 			found := false

@@ -41,7 +41,17 @@ type Proxy struct {
 	// proxy stopped moving before it was cut (its goroutines starved on a
 	// loaded machine) was in effect cut from then on.
 	lastForward atomic.Int64
+	// delay is how long each chunk read is held before it is written on
+	// (ns; 0: none): a slow link (SetDelay).
+	delay atomic.Int64
 }
+
+// SetDelay makes the link slow: every chunk a pump reads is written on d
+// after it was read, until SetDelay(0). A pump reads its next chunk only
+// after writing the last, so a slow link also moves at most one read
+// (32 KiB) per d each way — latency and a bandwidth bound, as a congested
+// or distant link has; order is kept.
+func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // StartProxy listens on a free loopback port and forwards each connection
 // to target. It stops with the test.
@@ -56,6 +66,14 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	go p.accept()
 	t.Cleanup(p.Close)
 	return p
+}
+
+// Connected reports whether a connection through the proxy is open: for a
+// node's proxy to one server, whether the node is connected to that server.
+func (p *Proxy) Connected() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns) > 0
 }
 
 // URL is the proxy's NATS URL.
@@ -111,6 +129,9 @@ func (p *Proxy) pump(src, dst net.Conn) {
 		}
 		n, err := src.Read(buf)
 		if n > 0 {
+			if d := time.Duration(p.delay.Load()); d > 0 {
+				time.Sleep(d)
+			}
 			p.mu.Lock()
 			cut = p.cut
 			resume = p.resume

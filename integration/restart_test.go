@@ -227,3 +227,26 @@ func TestMeshdDrainCommand(t *testing.T) {
 		t.Errorf("meshd drain with no meshd: exit %d, %q %q", code, out, errOut)
 	}
 }
+
+// TestMeshdDrainCommandCutShort: "meshd drain" says so when the drain was
+// not clean — here the node's NATS server is gone, so its drain is cut
+// short by --drain-timeout — instead of "drained and exited" with exit 0
+// (a fresh-user trial: the preStop hook reported success while the node
+// logged "drain cut short"). The node records how its run ended in its
+// data directory before it lets the lock go; a node killed outright
+// records nothing, which meshd drain reports as not clean too.
+func TestMeshdDrainCommandCutShort(t *testing.T) {
+	s := StartNATSServer(t)
+	dir := t.TempDir()
+	m := StartMeshd(t, "--name", "c", "--nats-url", s.URL, "--data-dir", dir, "--http", "", "--drain-timeout", "1s")
+	_ = s.Signal(syscall.SIGKILL)
+	s.Wait(t, 10*time.Second)
+	out, errOut, code := Run(t, 60*time.Second, nil, Build(t).Meshd, "drain", "--data-dir", dir, "--timeout", "30s")
+	if code != 2 || strings.Contains(out, "drained and exited") || !strings.Contains(errOut, "without a clean drain") {
+		t.Fatalf("meshd drain of a node whose drain was cut short: exit %d, %q %q; want exit 2 saying it was not clean", code, out, errOut)
+	}
+	if c := m.Wait(t, 5*time.Second); c == 0 {
+		t.Errorf("the meshd whose drain was cut short exited 0")
+	}
+	t.Logf("meshd drain: %s", strings.TrimSpace(errOut))
+}

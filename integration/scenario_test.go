@@ -59,7 +59,7 @@ func prodNodeArgs(name, url string) []string {
 
 // senderNode is the test's sending node: production membership defaults and
 // the node connection settings.
-func senderNode(t *testing.T, url string, late func(mesh.LateVerdict)) *mesh.Node {
+func senderNode(t *testing.T, url string, late func(mesh.LateVerdict), opts ...mesh.Option) *mesh.Node {
 	t.Helper()
 	log := &natstest.SyncBuffer{}
 	t.Cleanup(func() {
@@ -78,7 +78,7 @@ func senderNode(t *testing.T, url string, late func(mesh.LateVerdict)) *mesh.Nod
 	n, err := mesh.NewNode(mesh.NodeConfig{
 		Conn: nc, Name: "sender", DisableIngress: true, DisableControl: true, Logger: slog.New(slog.NewJSONHandler(log, nil)),
 		Membership: &mesh.MembershipConfig{Replicas: 3},
-	}, mesh.WithSaturationThreshold(0), mesh.WithLateVerdicts(late))
+	}, append([]mesh.Option{mesh.WithSaturationThreshold(0), mesh.WithLateVerdicts(late)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

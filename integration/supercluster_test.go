@@ -208,6 +208,7 @@ func TestSuperclusterDeliveries(t *testing.T) {
 // bucket placed in east, from east and from west. Logged, not asserted:
 // loopback has no distance, so the gap is the hops' processing only.
 func TestSuperclusterGateway(t *testing.T) {
+	longTest(t) // mostly a measurement; TestSuperclusterDeliveries covers the gateway in the quick suite
 	sc := StartSupercluster(t, 3)
 	sc.WaitReady(t)
 	east, west := sc.East(), sc.West()

@@ -87,7 +87,7 @@ func (l *turnLog) factory(node string, seed uint64) hub.Factory {
 // subtest.
 func TestIdleCollectionRacesDeliveries(t *testing.T) {
 	seeds := []uint64{1, 2, 3}
-	if testing.Short() {
+	if !natstest.Long() {
 		seeds = seeds[:1]
 	}
 	for _, seed := range seeds {

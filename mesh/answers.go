@@ -73,8 +73,8 @@ func (c *Client) hold(m *nats.Msg, node subjects.NodeID) {
 // learned records node's answer key from an acceptance reply and, if the
 // key is new and answers are held, dispatches again (on another goroutine:
 // the caller may hold a flight's lock) the held answers that name node.
-func (c *Client) learned(node subjects.NodeID, reply *nats.Msg) {
-	if c.keys.learn(node, reply) && c.held.n.Load() > 0 {
+func (c *Client) learned(node subjects.NodeID, key string) {
+	if c.keys.learn(node, key) && c.held.n.Load() > 0 {
 		go c.release(node)
 	}
 }
@@ -135,8 +135,7 @@ type answerKeys struct {
 
 // learn records node's answer key from an acceptance reply; it reports
 // whether the key is new to k.
-func (k *answerKeys) learn(node subjects.NodeID, reply *nats.Msg) bool {
-	key := reply.Header.Get(hub.HeaderAnswerKey)
+func (k *answerKeys) learn(node subjects.NodeID, key string) bool {
 	if key == "" {
 		return false
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/meshtrace"
+	"github.com/natsmesh/natsmesh/internal/plant"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -81,6 +82,9 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 				traceAttempt(ctx, attempt, node, err)
 			}
 			if err == nil {
+				if !staged {
+					c.learnOwner(d.To, node)
+				}
 				return Receipt{ID: d.ID, Node: node, Attempts: attempt}, nil
 			}
 			c.legEnded(t)
@@ -120,7 +124,8 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			err = fmt.Errorf("mesh: deliver %s to %s (attempt %d, node %s): %w", d.ID, d.To, attempt, node, err)
 		}
 		last = err
-		if !verdict.IsResendable(err) || attempt > p.MaxRetries || errors.Is(err, verdict.ErrDeadlineUnsent) {
+		resendable := verdict.IsResendable(err) || plant.On(plant.ResendTimeout) && errors.Is(err, context.DeadlineExceeded)
+		if !resendable || attempt > p.MaxRetries || errors.Is(err, verdict.ErrDeadlineUnsent) {
 			return Receipt{ID: d.ID, Node: node, Attempts: attempt}, err
 		}
 		if c.closing.Load() {
@@ -171,6 +176,17 @@ func (c *Client) laneWaitFailed(d *Delivery, err error, sent bool, attempt int, 
 		return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(err, last)
 	}
 	return Receipt{ID: d.ID, Attempts: attempt - 1}, unsent(d, attempt, last)
+}
+
+// learnOwner tells the resolver that node accepted a delivery to addr
+// (ownerLearner), so the next delivery finds it cached and is staged: after
+// a placement (a cold address, or one whose owner departed) the sender
+// reads the directory once per address, not once per delivery until the
+// new claim can be read.
+func (c *Client) learnOwner(addr subjects.Address, node subjects.NodeID) {
+	if l, ok := c.cfg.Resolver.(ownerLearner); ok {
+		l.Learn(addr, node)
+	}
 }
 
 // redirect reports whether err refused addr at node "not the owner" naming
@@ -280,6 +296,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	lm.msg.Subject = c.deliverySubject(t.l, d, node)
 	lm.msg.Data = d.Payload
 	lm.set(hdrID, d.ID)
+	lm.set(hdrAccept, hub.AcceptCompact) // read either form (legDone)
 	if attempt > 1 {
 		lm.set(hdrAttempt, strconv.Itoa(attempt))
 	}
@@ -397,6 +414,22 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	return c.legEnd(t, d, f, node, published, reply, err, &accepted)
 }
 
+// decodeReply reads a leg's reply: a compact Accepted (hub.HeaderAccept:
+// no headers, the answer key as payload), or the header form of any
+// verdict (verdict.Decode). It returns the accepting generation's answer
+// key ("" if the reply carries none) and nil for Accepted, or the verdict
+// error. The accepting node is the one the leg was sent to: only that
+// generation holds the delivery subject.
+func decodeReply(reply *nats.Msg) (key string, err error) {
+	if key, ok := hub.ParseCompactAccepted(len(reply.Header), reply.Data); ok {
+		return key, nil
+	}
+	if _, err := verdict.Decode(reply.Header); err != nil {
+		return "", err
+	}
+	return reply.Header.Get(hub.HeaderAnswerKey), nil
+}
+
 // legEnd is legDone, then the receiver's window grant in the reply of an
 // epoch's first leg is applied (outside the flight's lock: lock order is a
 // lane's mutex, then a flight's).
@@ -417,12 +450,13 @@ func (c *Client) legDone(d *Delivery, f *flight, node subjects.NodeID, published
 	defer f.mu.Unlock()
 	if err == nil {
 		// The reply is the fact, whatever else happened meanwhile.
-		if _, verr := verdict.Decode(reply.Header); verr != nil {
+		key, verr := decodeReply(reply)
+		if verr != nil {
 			f.phase = phaseWaiting // refused: the callee holds nothing
 			c.settleEarlyLocked(f, false)
 			return true, verr
 		}
-		c.learned(node, reply)
+		c.learned(node, key)
 		if c.gaveUp.n.Load() > 0 {
 			c.gaveUp.accepted(d.ID, node) // accepted after all: its answers are taken again
 		}
@@ -450,7 +484,7 @@ func (c *Client) legDone(d *Delivery, f *flight, node subjects.NodeID, published
 		f.phase = phaseAccepted
 		return published, nil
 	}
-	if cause := f.causeLocked(); cause != nil {
+	if cause := f.causeLocked(); cause != nil && !f.timeout {
 		f.phase = phaseWaiting
 		if published {
 			// Given up without its acceptance: node's answers for this
@@ -492,10 +526,12 @@ func publishFailed(err error) error {
 
 // awaitReply waits for the reply to a published leg: the reply (NATS no
 // responders as nats.ErrNoResponders), or context.DeadlineExceeded when
-// w's timer (the leg timeout) fires, or ctx's error, or context.Canceled
-// when an event is recorded on f (wake closed; the caller reads the event's
-// verdict under f.mu). A reply already there when an event is recorded is
-// the fact.
+// w's timer (the leg timeout) fires or the caller's deadline passes, or
+// ctx's cancellation, or context.Canceled when an event is recorded on f
+// (wake closed; the caller reads the event's verdict under f.mu). A reply
+// already there when an event is recorded is the fact; a deadline that
+// passed before the event was recorded is the fact too (flight.timedOut),
+// however late this goroutine noticed either.
 func (c *Client) awaitReply(ctx context.Context, f *flight, w *legWait, wake <-chan struct{}) (*nats.Msg, error) {
 	for {
 		select {
@@ -512,12 +548,24 @@ func (c *Client) awaitReply(ctx context.Context, f *flight, w *legWait, wake <-c
 			select {
 			case m := <-w.ch:
 				return replyOf(m)
+			case fired := <-w.timer.C:
+				if f.timedOut(fired) {
+					return nil, context.DeadlineExceeded
+				}
 			default:
+				if dl, ok := ctx.Deadline(); ok && errors.Is(ctx.Err(), context.DeadlineExceeded) && f.timedOut(dl) {
+					return nil, context.DeadlineExceeded
+				}
 			}
 			return nil, context.Canceled
 		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-w.timer.C:
+			err := ctx.Err()
+			if dl, ok := ctx.Deadline(); ok && errors.Is(err, context.DeadlineExceeded) {
+				f.timedOut(dl) // else an event came first: legDone reads it
+			}
+			return nil, err
+		case fired := <-w.timer.C:
+			f.timedOut(fired)
 			return nil, context.DeadlineExceeded
 		}
 	}

@@ -385,7 +385,7 @@ func TestBreakerIntakeFaults(t *testing.T) {
 	for _, w := range []int{1, 2, 3, 32, 64} {
 		t.Run(fmt.Sprintf("window%d", w), func(t *testing.T) {
 			depth := max(5*w, 60)
-			if testing.Short() {
+			if !natstest.Long() {
 				depth = max(2*w, 20)
 			}
 			s := natstest.RunServer(t)
@@ -502,7 +502,7 @@ func TestBreakerOverload(t *testing.T) {
 // lost, handled twice or out of order, and every lane makes progress.
 func TestBreakerEvictedLanes(t *testing.T) {
 	streams, depth := 1200, 6
-	if testing.Short() {
+	if !natstest.Long() {
 		streams = 1100
 	}
 	s := natstest.RunServer(t)
@@ -748,7 +748,7 @@ func (splitResolver) Invalidate(subjects.Address, subjects.NodeID) {}
 // handled once, in call order.
 func TestBreakerDepartureIsolation(t *testing.T) {
 	per := 400
-	if testing.Short() {
+	if !natstest.Long() {
 		per = 100
 	}
 	s := natstest.RunServer(t)

@@ -519,7 +519,10 @@ type ClientStats struct {
 	// they came from a generation whose leg of the delivery this client
 	// had given up on (it departed or moved with the leg in flight) and
 	// answered resendable: the delivery was re-sent, and only the
-	// acceptance this client took names who answers it (DESIGN §5).
+	// acceptance this client took names who answers it (DESIGN §5); and
+	// late refusals of an awaited Request set aside because its re-send
+	// after a connection move was accepted again (the refusal may answer
+	// the earlier acceptance only).
 	StaleAnswers int64 `json:"stale_answers"`
 	// LateVerdicts counts late verdicts that reached a Deliver after its
 	// Accepted (see WithLateVerdicts).

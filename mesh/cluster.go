@@ -39,6 +39,14 @@ func (r nodeResolver) Invalidate(addr subjects.Address, node subjects.NodeID) {
 	}
 }
 
+// Learn caches an owner learnt from an acceptance in the current
+// session's directory (Directory.Learn).
+func (r nodeResolver) Learn(addr subjects.Address, node subjects.NodeID) {
+	if inc := r.n.current(); inc != nil && inc.dir != nil {
+		inc.dir.Learn(addr, node)
+	}
+}
+
 func (r nodeResolver) Redirect(addr subjects.Address, owner subjects.NodeID) bool {
 	if inc := r.n.current(); inc != nil && inc.dir != nil {
 		return inc.dir.Redirect(addr, owner)

@@ -17,8 +17,9 @@ import (
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
-// Version is the natsmesh version nodes announce (semantic versioning).
-const Version = "0.1.0"
+// Version is the natsmesh release nodes announce (semantic versioning):
+// buildinfo.Release, the first word of `meshd --version`.
+const Version = buildinfo.Release
 
 // ServiceName is the NATS micro service name every node registers, so
 // `nats micro ls`, `nats micro info natsmesh` and `nats micro stats natsmesh`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -67,13 +68,18 @@ type flight struct {
 	// reads it race-free, and an event applied from a snapshot (under
 	// f.mu) finds out whether the flight was released and reused since:
 	// then the event is not its own and is dropped (flightRef).
-	use     uint64
-	phase   phase
-	node    subjects.NodeID // the owner addressed (waiting, sent) or the node that accepted it (accepted)
-	ev      event           // the first event since the phase's wait began
-	evText  string          // how the event happened, for the error text
-	evErr   error           // evMoved's verdict
-	wake    chan struct{}   // closed (once: woken) when ev is recorded or an answer arrives
+	use    uint64
+	phase  phase
+	node   subjects.NodeID // the owner addressed (waiting, sent) or the node that accepted it (accepted)
+	ev     event           // the first event since the phase's wait began
+	evText string          // how the event happened, for the error text
+	evErr  error           // evMoved's verdict
+	evAt   time.Time       // when ev was recorded (monotonic)
+	// timeout: the leg's deadline passed before any event was recorded
+	// (timedOut). The timeout is then this attempt's fact: events recorded
+	// after it do not change the leg's verdict.
+	timeout bool
+	wake    chan struct{} // closed (once: woken) when ev is recorded or an answer arrives
 	woken   bool
 	backoff bool // the wait is a retry back-off (not a slot)
 	cancel  context.CancelFunc
@@ -115,6 +121,7 @@ func (f *flight) retire() {
 	use := f.use + 1
 	f.id, f.idempotent, f.request = "", false, false
 	f.phase, f.node, f.ev, f.evText, f.evErr, f.woken, f.backoff, f.cancel = phaseWaiting, subjects.NodeID{}, evNone, "", nil, false, false, nil
+	f.evAt, f.timeout = time.Time{}, false
 	f.early, f.ans, f.ansUsed = nil, nil, false
 	f.wake, f.use = wake, use
 	f.mu.Unlock()
@@ -216,6 +223,7 @@ func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone boo
 	f.mu.Lock()
 	c.fl.mu.Unlock()
 	f.phase, f.node, f.ev, f.evText, f.evErr, f.cancel, f.backoff = p, node, evNone, "", nil, nil, false
+	f.evAt, f.timeout = time.Time{}, false
 	if f.wake == nil || f.woken {
 		f.wake = make(chan struct{}) // an unclosed one serves again
 	}
@@ -248,17 +256,34 @@ func (c *Client) unindex(f *flight) {
 // recordLocked records ev unless an event or the verdict came first, wakes
 // the flight and cancels its leg. Called with f.mu held.
 func (f *flight) recordLocked(ev event, how string) {
-	if f.phase == phaseDone || f.ev != evNone && (f.ev != evMoved || ev == evMoved) {
-		return // a move gives way to a departure, a link drop or closing
+	if f.phase == phaseDone || f.timeout || f.ev != evNone && (f.ev != evMoved || ev == evMoved) {
+		return // a move gives way to a departure, a link drop or closing; a timeout to nothing
 	}
 	if ev == evLinkDrop && f.phase == phaseWaiting {
 		return // nothing of it is in flight: it is sent after the reconnect
 	}
-	f.ev, f.evText = ev, how
+	f.ev, f.evText, f.evAt = ev, how, time.Now()
 	f.wakeLocked()
 	if f.cancel != nil {
 		f.cancel()
 	}
+}
+
+// timedOut records that the leg in flight reached its deadline at fired
+// (the leg timer's fire time, or the caller's deadline), unless an event
+// was recorded on f before that moment, and reports whether the timeout
+// is the attempt's fact. Which of the two came first decides the leg's
+// verdict, not which goroutine noticed first (DESIGN §3): an owner that
+// departed after the deadline had passed does not make a timed-out leg —
+// which it may hold — resendable.
+func (f *flight) timedOut(fired time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ev != evNone && !f.evAt.After(fired) {
+		return false // the event came first: its verdict stands
+	}
+	f.timeout = true
+	return true
 }
 
 // wakeLocked closes f.wake once. Called with f.mu held.

@@ -99,15 +99,21 @@ func TestDirectoryOutageResendable(t *testing.T) {
 	}
 	t.Cleanup(func() { n.Close() })
 	s.Shutdown()
+	// The two deadlines (one past a directory read's bound, one past two)
+	// run side by side: the test waits out the longer, not their sum.
+	var wg sync.WaitGroup
 	for rep := range 2 {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rep+1)*3*time.Second)
-		_, err := n.Deliver(ctx, Delivery{To: subjects.Address(fmt.Sprintf("rec/fresh-%d", rep))})
-		cancel()
-		if !verdict.IsResendable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
-			t.Errorf("rep %d: directory unreachable, nothing sent: %v (resendable %v, %v); want resendable, not a timeout",
-				rep, err, verdict.IsResendable(err), verdict.Classify(err))
-		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rep+1)*3*time.Second)
+			_, err := n.Deliver(ctx, Delivery{To: subjects.Address(fmt.Sprintf("rec/fresh-%d", rep))})
+			cancel()
+			if !verdict.IsResendable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+				t.Errorf("rep %d: directory unreachable, nothing sent: %v (resendable %v, %v); want resendable, not a timeout",
+					rep, err, verdict.IsResendable(err), verdict.Classify(err))
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // TestCloseRacesNewDeliveries: Close while other goroutines keep starting
@@ -759,7 +765,7 @@ func TestIDEdgesEverywhere(t *testing.T) {
 func TestLaneChaos(t *testing.T) {
 	const streams = 4
 	per := 300
-	if testing.Short() {
+	if !natstest.Long() {
 		per = 60
 	}
 	s := natstest.RunServer(t)
@@ -919,7 +925,7 @@ func TestLaneChaos(t *testing.T) {
 func TestRequestLinkChaos(t *testing.T) {
 	const callers = 4
 	per := 120
-	if testing.Short() {
+	if !natstest.Long() {
 		per = 30
 	}
 	s := natstest.RunServer(t)

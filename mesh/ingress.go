@@ -34,8 +34,58 @@ func (n *Node) serveIngress() error {
 		return err
 	}
 	_ = sub.SetPendingLimits(-1, -1)
+	n.ingressMu.Lock()
 	n.ingressSub = sub
+	n.ingressMu.Unlock()
 	return nil
+}
+
+// pauseIngress stops the server from handing the node more ingress
+// messages before its connection moves (MoveConnection), and returns the
+// function that subscribes the ingress again once the move is done.
+//
+// Why: a message the server has already written towards the node when the
+// connection closes is lost with it, and a raw ingress caller, whose own
+// link held, cannot tell; it waits out its timeout and has to take the
+// outcome as unknown. Draining the subscription (nats.Subscription.Drain:
+// UNSUB, then a round trip, then the messages already received are handed
+// to the callback) leaves nothing in transit; meanwhile the other nodes of
+// the queue group take the ingress, or, with none, callers get NATS no
+// responders at once, which says nothing was delivered. It waits for the
+// drain at most until ctx ends; a drain still running then completes on its
+// own. Forwards that the drained messages start are the client's own
+// attempts: the move waits for them (Client.MoveConnection).
+func (n *Node) pauseIngress(ctx context.Context) (resume func()) {
+	n.ingressMu.Lock()
+	sub := n.ingressSub
+	if sub == nil || n.ingressShut || n.ingressPaused {
+		n.ingressMu.Unlock()
+		return func() {}
+	}
+	n.ingressPaused = true
+	n.ingressMu.Unlock()
+	closed := sub.StatusChanged(nats.SubscriptionClosed)
+	if sub.Drain() == nil {
+		select {
+		case <-closed:
+		case <-ctx.Done():
+		}
+	}
+	return func() {
+		n.ingressMu.Lock()
+		defer n.ingressMu.Unlock()
+		n.ingressPaused = false
+		if n.ingressShut {
+			return // stopIngress ran meanwhile: the ingress stays closed
+		}
+		next, err := n.conn.QueueSubscribe(n.prefix.IngressSubscription(), IngressQueueGroup, n.ingress)
+		if err != nil {
+			n.log.Error("the ingress could not be subscribed again after the connection moved: this node takes no ingress", "err", err)
+			return
+		}
+		_ = next.SetPendingLimits(-1, -1)
+		n.ingressSub = next
+	}
 }
 
 func (n *Node) ingress(m *nats.Msg) {

@@ -24,7 +24,8 @@ const (
 	hdrExpectResponse
 	hdrLane
 	hdrCaller
-	numLegHeaders // at most 8: present and used are bit sets in a uint8
+	hdrAccept
+	numLegHeaders // at most 16: present and used are bit sets in a uint16
 )
 
 var legHeaderNames = [numLegHeaders]string{
@@ -36,6 +37,7 @@ var legHeaderNames = [numLegHeaders]string{
 	hdrExpectResponse: hub.HeaderExpectResponse,
 	hdrLane:           hub.HeaderLane,
 	hdrCaller:         hub.HeaderCaller,
+	hdrAccept:         hub.HeaderAccept,
 }
 
 type legMsg struct {
@@ -44,7 +46,7 @@ type legMsg struct {
 	// Header keys of the last use stay in the map (their value slices are
 	// vals[i:i+1], so setting one again is a store, not a map assignment);
 	// ready deletes those not set this time.
-	present, used uint8
+	present, used uint16
 	foreign       bool // keys not in legHeaderNames were added (trace context): clear the map
 }
 
@@ -71,7 +73,7 @@ func putLegMsg(lm *legMsg) {
 // set sets header i to the single value v.
 func (lm *legMsg) set(i int, v string) {
 	lm.vals[i] = v
-	bit := uint8(1) << i
+	bit := uint16(1) << i
 	lm.used |= bit
 	if lm.present&bit == 0 {
 		lm.msg.Header[legHeaderNames[i]] = lm.vals[i : i+1 : i+1]

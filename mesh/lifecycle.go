@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/natsmesh/natsmesh/subjects"
 )
 
 // Start joins the membership (if configured), subscribes the node's
@@ -13,7 +15,7 @@ func (n *Node) Start() error {
 	if n.cfg.Membership != nil {
 		ctx, cancel := context.WithTimeout(n.ctx, DefaultStartTimeout)
 		defer cancel()
-		inc, err := n.join(ctx, false)
+		inc, err := n.join(ctx, subjects.NodeID{})
 		if err != nil {
 			return err
 		}
@@ -156,12 +158,11 @@ func (n *Node) Close() error {
 func (n *Node) stopIngress() {
 	n.ingressMu.Lock()
 	n.ingressShut = true
+	sub := n.ingressSub
 	n.ingressMu.Unlock()
-	n.ingressOnce.Do(func() {
-		if n.ingressSub != nil {
-			_ = n.ingressSub.Unsubscribe()
-		}
-	})
+	if sub != nil {
+		_ = sub.Unsubscribe()
+	}
 }
 
 // enterIngress registers one forward with ingressWG and reports true, or

@@ -87,11 +87,18 @@ func (c *Client) awaitMove(ctx context.Context, deadline time.Time) error {
 }
 
 // MoveConnection moves the node's NATS connection to another server
-// without losing an answer its client awaits (Client.MoveConnection). The
-// node's generation, activations and claims stay; on the reconnect its
-// membership announces the moved connection, so senders re-send what was
-// in transit to it.
-func (n *Node) MoveConnection(ctx context.Context) error { return n.Client.MoveConnection(ctx) }
+// without losing an answer its client awaits (Client.MoveConnection) or an
+// ingress request: it first drains the node's ingress subscription (the
+// other nodes of the queue group take the ingress meanwhile) and subscribes
+// it again once the connection moved. The node's generation, activations
+// and claims stay; on the reconnect its membership announces the moved
+// connection, so senders re-send what was in transit to it. Bounded by ctx
+// as Client.MoveConnection is; safe for concurrent use.
+func (n *Node) MoveConnection(ctx context.Context) error {
+	resume := n.pauseIngress(ctx)
+	defer resume()
+	return n.Client.MoveConnection(ctx)
+}
 
 // LameDuckHandler returns a nats option that moves the connection of the
 // node in node (nil until it is built) when its server announces lame duck

@@ -17,6 +17,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
@@ -408,4 +409,77 @@ func TestMoveConnectionLosesNoAwaitedResponse(t *testing.T) {
 		}
 		cancel()
 	}
+}
+
+// TestMoveConnectionLosesNoIngressRequest: raw ingress callers send
+// without pause while the node serving their ingress moves its connection
+// again and again (the server announced lame duck mode). An ingress request
+// the server had already written towards the node when the connection
+// closed would be lost with it, and its caller, whose own link held, would
+// wait out its timeout with the outcome unknown: the move first drains the
+// ingress subscription, so every request gets a reply (NATS no responders
+// while no node takes the ingress is answered at once, and re-sent).
+func TestMoveConnectionLosesNoIngressRequest(t *testing.T) {
+	s := natstest.RunServer(t)
+	n, rec := testNode(t, s, "a")
+	rec.fn = func(_ context.Context, d *hub.Delivery) error { return d.Respond(d.Payload) }
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var answered, noResponders atomic.Int64
+	lost := make(chan string, 64)
+	for w := range 4 {
+		nc := natstest.Connect(t, s)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("w%d-%d", w, i)
+				m := nats.NewMsg(subjects.DefaultPrefix.Ingress(subjects.Address(fmt.Sprintf("rec/%d", w)), ""))
+				m.Header.Set(hub.HeaderID, id)
+				m.Header.Set(hub.HeaderExpectResponse, "true")
+				m.Data = []byte(id)
+				for {
+					r, err := nc.RequestMsg(m, 10*time.Second)
+					if errors.Is(err, nats.ErrNoResponders) {
+						noResponders.Add(1)
+						continue // nothing was delivered: the same Mesh-Id again
+					}
+					switch {
+					case err != nil:
+						lost <- fmt.Sprintf("%s: %v", id, err)
+					case r.Header.Get("Mesh-Verdict") != "Accepted" || string(r.Data) != id:
+						lost <- fmt.Sprintf("%s: %v %q", id, r.Header, r.Data)
+					default:
+						answered.Add(1)
+					}
+					break
+				}
+			}
+		}()
+	}
+	moves := reps(t, 30)
+	for rep := range moves {
+		before := answered.Load()
+		natstest.Eventually(t, 10*time.Second, func() bool { return answered.Load() > before+50 }, "rep %d: ingress traffic flowing", rep)
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultMoveTimeout)
+		err := n.MoveConnection(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("rep %d: move: %v", rep, err)
+		}
+	}
+	before := answered.Load()
+	natstest.Eventually(t, 10*time.Second, func() bool { return answered.Load() > before+50 }, "ingress traffic flowing after the moves")
+	close(stop)
+	wg.Wait()
+	close(lost)
+	for l := range lost {
+		t.Errorf("an ingress request lost across a move: %s", l)
+	}
+	t.Logf("%d moves, %d ingress requests answered, %d no-responders answers re-sent", moves, answered.Load(), noResponders.Load())
 }

@@ -209,12 +209,13 @@ type Node struct {
 	kinds     map[string]hub.Factory
 	running   bool
 
-	ingressSub              *nats.Subscription
-	ingressPool             *fairPool    // slots of forwarded ingress deliveries (ingress_fair.go)
-	placementPool           *fairPool    // slots of ingress deliveries waiting for placement
-	ingressShareRefused     atomic.Int64 // ingress deliveries answered Ignored: the pool or the caller's share was full
-	ingressPlacementRefused atomic.Int64 // ingress deliveries failed at once: no placement wait left for their caller
-	rates                   *callerRates // nil: no per-caller rate limit
+	ingressSub              *nats.Subscription // the ingress queue subscription (guarded by ingressMu: a move replaces it)
+	ingressPaused           bool               // a move drained ingressSub and has not subscribed again (guarded by ingressMu)
+	ingressPool             *fairPool          // slots of forwarded ingress deliveries (ingress_fair.go)
+	placementPool           *fairPool          // slots of ingress deliveries waiting for placement
+	ingressShareRefused     atomic.Int64       // ingress deliveries answered Ignored: the pool or the caller's share was full
+	ingressPlacementRefused atomic.Int64       // ingress deliveries failed at once: no placement wait left for their caller
+	rates                   *callerRates       // nil: no per-caller rate limit
 	callerCounts            callerCounts
 	ingressRateLimited      atomic.Int64   // ingress deliveries answered Ignored: over their caller's rate
 	inboxReplies            atomic.Int64   // ingress requests refused by the reply rules (replyRule)
@@ -231,7 +232,6 @@ type Node struct {
 	svc                     *controlService // the current session's control service
 	svcStopped              bool
 	draining                atomic.Bool
-	ingressOnce             sync.Once
 
 	departures atomic.Int64 // departures of other generations observed
 	rejoins    atomic.Int64 // times this node was fenced and rejoined

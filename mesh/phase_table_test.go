@@ -1,9 +1,11 @@
 package mesh
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -131,4 +133,128 @@ func checkCell(t *testing.T, err error, want string) {
 
 func (p phase) String() string {
 	return [...]string{"waiting", "sent", "accepted", "done"}[p]
+}
+
+// TestTimeoutIsAFact: the verdict of a leg whose deadline and an event
+// (the owner's departure) both reached it follows from which happened
+// first, never from which the waiting goroutine saw first (DESIGN §3): a
+// deadline that passed before the departure was recorded leaves a
+// timeout — not resendable, the callee may hold it — and a departure
+// recorded before the deadline leaves the departed verdict (resendable).
+// Both for the leg's own timer and for the caller's deadline; repeated,
+// since the wait picks among ready channels at random.
+func TestTimeoutIsAFact(t *testing.T) {
+	owner := subjects.NodeID{Name: "o", Generation: 7}
+	for _, tc := range []struct {
+		name           string
+		eventFirst     bool
+		callerDeadline bool
+	}{
+		{"leg timer, then departure", false, false},
+		{"departure, then leg timer", true, false},
+		{"caller's deadline, then departure", false, true},
+		{"departure, then caller's deadline", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 50 {
+				c := &Client{fl: newFlights(), opts: options{}}
+				f := &flight{id: "d1", wake: make(chan struct{})}
+				c.address(f, owner, phaseSent, false)
+				w := &legWait{ch: make(chan *nats.Msg, 1), timer: time.NewTimer(time.Hour)}
+				ctx := context.Background()
+				depart := func() {
+					c.FailNode(owner, "test")
+					f.mu.Lock()
+					at := f.evAt
+					f.mu.Unlock()
+					spinPast(at)
+				}
+				if tc.eventFirst {
+					depart()
+				}
+				if tc.callerDeadline {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithDeadline(ctx, time.Now())
+					defer cancel()
+					<-ctx.Done()
+					dl, _ := ctx.Deadline()
+					spinPast(dl)
+				} else {
+					w.timer.Reset(0) // fires at once: its time is at most at
+					spinPast(time.Now())
+				}
+				if !tc.eventFirst {
+					depart()
+				}
+				_, err := c.awaitReply(ctx, f, w, f.wake)
+				var accepted bool
+				_, err = c.legDone(&Delivery{ID: "d1"}, f, owner, true, nil, err, &accepted)
+				if tc.eventFirst {
+					var ve *verdict.Error
+					if !errors.As(err, &ve) || ve.Reason != verdict.ReasonDeparted || !verdict.IsResendable(err) {
+						t.Fatalf("verdict %v, want the departed verdict (resendable)", err)
+					}
+					continue
+				}
+				if !errors.Is(err, context.DeadlineExceeded) || verdict.IsResendable(err) || verdict.Classify(err) != verdict.Failed {
+					t.Fatalf("verdict %v (resendable %v), want the timeout: Failed, never re-sent", err, verdict.IsResendable(err))
+				}
+			}
+		})
+	}
+}
+
+// TestResponseTimeoutIsAFact: the same rule for an accepted Request whose
+// response is awaited: a deadline that passed before the owner's departure
+// was recorded is the timeout (never re-sent, even for an Idempotent
+// delivery, whose departure would be resendable); a departure recorded
+// first is the departure's verdict.
+func TestResponseTimeoutIsAFact(t *testing.T) {
+	owner := subjects.NodeID{Name: "o", Generation: 7}
+	for _, eventFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("departure first %v", eventFirst), func(t *testing.T) {
+			for range 50 {
+				c := &Client{fl: newFlights(), opts: options{}}
+				f := &flight{id: "d1", idempotent: true, request: true, wake: make(chan struct{})}
+				c.address(f, owner, phaseAccepted, false)
+				depart := func() {
+					c.FailNode(owner, "test")
+					f.mu.Lock()
+					at := f.evAt
+					f.mu.Unlock()
+					spinPast(at)
+				}
+				if eventFirst {
+					depart()
+				}
+				ctx, cancel := context.WithDeadline(context.Background(), time.Now())
+				<-ctx.Done()
+				dl, _ := ctx.Deadline()
+				spinPast(dl)
+				if !eventFirst {
+					depart()
+				}
+				_, err := c.awaitResponse(ctx, dl, &Delivery{ID: "d1", Idempotent: true}, f, Receipt{Node: owner})
+				cancel()
+				if eventFirst {
+					if !verdict.IsResendable(err) {
+						t.Fatalf("verdict %v, want the departed verdict (resendable: idempotent)", err)
+					}
+					continue
+				}
+				if !errors.Is(err, context.DeadlineExceeded) || verdict.IsResendable(err) {
+					t.Fatalf("verdict %v (resendable %v), want the timeout", err, verdict.IsResendable(err))
+				}
+			}
+		})
+	}
+}
+
+// spinPast returns a millisecond after t0, so that two facts are apart by
+// more than the runtime's reading of a timer's fire time (which may run a
+// few microseconds late under the race detector). It spins: a sleep's
+// wake-up is what it must not depend on.
+func spinPast(t0 time.Time) {
+	for !time.Now().After(t0.Add(time.Millisecond)) {
+	}
 }

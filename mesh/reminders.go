@@ -125,7 +125,16 @@ func (n *Node) startReminders(ctx context.Context) error {
 	if st == nil || n.cfg.Membership.Subscriber {
 		return nil
 	}
-	r, err := st.Run(ctx, reminders.RunConfig{Deliver: n.deliverFire, AckWait: n.cfg.Membership.ReminderAckWait})
+	// Each attempt bounded on its own (membership.AttemptTimeout) and
+	// retried while JetStream says it is starting or electing: one request
+	// lost to a stream leader that is moving would otherwise hold the
+	// node's whole start budget (a soak saw a node fail to start so, after
+	// a route cut had just healed).
+	var r *reminders.Runner
+	err := membership.RetryEach(ctx, n.cfg.Logger, "create the reminder consumer "+reminders.ConsumerName, func(ctx context.Context) (err error) {
+		r, err = st.Run(ctx, reminders.RunConfig{Deliver: n.deliverFire, AckWait: n.cfg.Membership.ReminderAckWait})
+		return err
+	})
 	if err != nil {
 		return err
 	}

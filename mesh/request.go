@@ -201,6 +201,15 @@ func (c *Client) awaitResponse(ctx context.Context, deadline time.Time, d *Deliv
 	}
 	defer f.mu.Unlock()
 	cause := f.causeLocked()
+	if cause != nil && f.ans == nil && (timedOut || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
+		at := deadline
+		if dl, ok := ctx.Deadline(); ok {
+			at = dl
+		}
+		if f.evAt.After(at) {
+			cause = nil // the deadline passed before the event: the timeout is the fact (DESIGN §3)
+		}
+	}
 	f.phase = phaseDone
 	f.ansUsed = f.ans != nil
 	switch {
@@ -428,7 +437,29 @@ func (c *Client) resendAwaited(ctx context.Context, d *Delivery, f *flight, node
 	wait := 50 * time.Millisecond
 	for {
 		reply, err := c.resendLeg(ctx, d, f, node)
+		accepted := false
+		if err == nil {
+			_, verr := decodeReply(reply)
+			accepted = verr == nil
+		}
 		f.mu.Lock()
+		if accepted && f.ans != nil && f.ans.err != nil && verdict.IsResendable(f.ans.err) {
+			// A late refusal ("not handled": resendable) came while this
+			// re-send was out. It may answer the earlier acceptance, which
+			// node forgot when it refused it — and then node accepted this
+			// re-send afresh and will handle it: reporting the refusal
+			// would say "safe to send again" of a delivery that runs. So
+			// it is not the verdict: the answer of this acceptance is
+			// awaited, and if none comes the deadline's timeout says the
+			// outcome is unknown (found by the nemesis: a lame-duck move
+			// and a stand-down at once).
+			c.stale.Add(1)
+			c.log.Debug("late refusal set aside: the re-send was accepted again", "id", d.ID, "node", node.String(), "err", f.ans.err)
+			f.ans = nil
+			if f.ev == evNone {
+				f.wake, f.woken = make(chan struct{}), false
+			}
+		}
 		wake, decided := f.wake, f.ans != nil || f.ev != evNone
 		f.mu.Unlock()
 		if decided || ctx.Err() != nil {
@@ -436,7 +467,7 @@ func (c *Client) resendAwaited(ctx context.Context, d *Delivery, f *flight, node
 		}
 		switch {
 		case err == nil:
-			if _, verr := verdict.Decode(reply.Header); verr != nil && !verdict.IsResendable(verr) {
+			if _, verr := decodeReply(reply); verr != nil && !verdict.IsResendable(verr) {
 				return verr
 			}
 			return nil

@@ -35,6 +35,14 @@ type cachedResolver interface {
 	Cached(addr subjects.Address) (subjects.NodeID, bool)
 }
 
+// ownerLearner is a Resolver that caches an owner learnt from an
+// acceptance: node accepted a delivery to addr, which it does only while it
+// holds addr's claim. Learn must not block and must keep an owner already
+// cached (a redirect may be fresher).
+type ownerLearner interface {
+	Learn(addr subjects.Address, node subjects.NodeID)
+}
+
 // StaticResolver resolves every address to one node generation: the resolver
 // of a one-node mesh.
 type StaticResolver struct{ Node subjects.NodeID }

@@ -60,17 +60,25 @@ func (c *Client) Saturation() Saturation {
 }
 
 // observeInFlight is called with the new legs-in-flight count after each
-// change; it opens or closes an episode on a threshold crossing.
+// change; it opens or closes an episode on a threshold crossing. The calls
+// of concurrent changes may come in any order, so an episode closes only
+// if the count is still down when it is observed: a goroutine preempted
+// between its change and this call (a loaded machine) once closed an
+// episode with a count long gone, and the next leg opened a second
+// episode within the same burst (TestSaturationEpisodes, a cold run).
 func (c *Client) observeInFlight(n int64) {
 	th := int64(c.opts.saturationThreshold)
 	if th <= 0 {
 		return
 	}
 	if n < th {
-		if n <= th/2 && c.sat.open.Load() {
+		if n <= th/2 && c.sat.open.Load() && c.inFlight.Load() <= th/2 {
 			c.sat.open.Store(false)
 		}
 		return
+	}
+	if c.inFlight.Load() < th {
+		return // a report that came late: the count is down again
 	}
 	if !c.sat.open.CompareAndSwap(false, true) {
 		return

@@ -205,3 +205,60 @@ func TestInFlightCap(t *testing.T) {
 		t.Errorf("peak in flight %d, want 3", p)
 	}
 }
+
+// TestSaturationStaleObservation: concurrent changes of the legs-in-flight
+// count report to the episode latch in any order; one that reports a count
+// already gone (its goroutine was preempted between its change and the
+// report) must not close an open episode while the count is still up —
+// it did once on a loaded machine, and the same burst logged a second
+// episode (TestSaturationEpisodes in a cold run).
+func TestSaturationStaleObservation(t *testing.T) {
+	c, logs := latchClient(t)
+	c.inFlight.Store(4)
+	c.observeInFlight(4)
+	c.observeInFlight(2) // stale: the count is 4
+	c.inFlight.Store(5)
+	c.observeInFlight(5)
+	if n := len(logs.lines("mesh sender saturated")); n != 1 || !c.Saturation().Saturated {
+		t.Fatalf("%d episodes logged (open %v), want 1 still open", n, c.Saturation().Saturated)
+	}
+	c.inFlight.Store(2)
+	c.observeInFlight(2)
+	if c.Saturation().Saturated {
+		t.Fatal("the episode did not close at half the threshold")
+	}
+	c.inFlight.Store(4)
+	c.observeInFlight(4)
+	if n := len(logs.lines("mesh sender saturated")); n != 2 {
+		t.Fatalf("%d episodes logged, want 2", n)
+	}
+	c.inFlight.Store(0)
+}
+
+// TestSaturationStaleOpen: the mirror of TestSaturationStaleObservation —
+// a late report of a count already gone (high) must not open a second
+// episode once the burst's episode closed (a hostile review).
+func TestSaturationStaleOpen(t *testing.T) {
+	c, logs := latchClient(t)
+	c.inFlight.Store(4)
+	c.observeInFlight(4) // the episode opens
+	c.inFlight.Store(5)  // the fifth leg's change; its report comes late
+	c.inFlight.Store(1)  // the others are answered
+	c.observeInFlight(1) // the episode closes
+	c.observeInFlight(5) // the fifth leg's late report: one leg is in flight
+	if n := len(logs.lines("mesh sender saturated")); n != 1 {
+		t.Errorf("%d episodes logged for one burst, want 1", n)
+	}
+	c.inFlight.Store(0)
+	c.observeInFlight(0)
+}
+
+// latchClient is a client with a saturation threshold of 4 whose log the
+// test reads, for driving its episode latch (observeInFlight) by hand.
+func latchClient(t *testing.T) (*Client, *syncBuffer) {
+	s := natstest.RunServer(t)
+	logs := &syncBuffer{}
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: subjects.NodeID{Name: "x", Generation: 1}},
+		WithSaturationThreshold(4), WithLogger(slog.New(slog.NewJSONHandler(logs, nil))))
+	return c, logs
+}

@@ -55,8 +55,10 @@ func (inc *session) close() {
 // join starts a new generation: it subscribes the generation's delivery
 // subject (join order: before the generation is announced, so a sender that
 // reads it from the registry never meets no responders), registers it,
-// opens the directory, and then lets the host serve.
-func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
+// opens the directory, and then lets the host serve. lost is the
+// generation a rejoin follows (its activations dropped), zero for the
+// first join.
+func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error) {
 	mc := n.cfg.Membership
 	if err := n.openState(ctx); err != nil {
 		return nil, err
@@ -109,7 +111,15 @@ func (n *Node) join(ctx context.Context, rejoin bool) (*session, error) {
 	m, err := membership.Join(ctx, membership.Config{
 		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: inc.announced, Version: Version,
 		Heartbeat: mc.Heartbeat, TTL: mc.TTL, FencingDelay: mc.FencingDelay, Replicas: mc.Replicas, PlacementCluster: mc.PlacementCluster,
-		AdvisorySubject: mc.AdvisorySubject, Replace: mc.Replace || rejoin, // a rejoin replaces its own fenced generation
+		// A rejoin supersedes only this process's own lost generation
+		// (Rejoin): a newer generation of the name that heartbeats is a
+		// process that took the name over while this one was gone, and
+		// this one stands down (fencing) — with Replace it took the name
+		// back from the live replacement (a fresh-user trial: a frozen
+		// meshd, woken after its replacement joined, saw its loss before
+		// the supersede and rejoined over it). --replace is for a first
+		// join only.
+		AdvisorySubject: mc.AdvisorySubject, Replace: mc.Replace && lost.IsZero(), Rejoin: lost,
 		Subscriber:   mc.Subscriber,
 		Predecessors: mc.Predecessors,
 		Logger:       n.cfg.Logger,
@@ -269,8 +279,19 @@ func (n *Node) fencing() {
 		inc.close()
 		for n.ctx.Err() == nil {
 			ctx, cancel := context.WithTimeout(n.ctx, DefaultStartTimeout)
-			next, err := n.join(ctx, true)
+			next, err := n.join(ctx, inc.id)
 			cancel()
+			if errors.Is(err, membership.ErrNameInUse) {
+				// A newer process of this name heartbeats: it took the
+				// name over while this one was gone. Stand down, as
+				// when the supersede is seen first.
+				n.superseded.Add(1)
+				n.log.Error("a newer generation of this node's name is live: this process stands down", "generation", inc.id.String(), "err", err)
+				if f := n.cfg.OnFatal; f != nil {
+					f(fmt.Errorf("mesh: generation %s superseded by a newer incarnation of %q: %w", inc.id, inc.id.Name, err))
+				}
+				return
+			}
 			if err == nil {
 				n.mu.Lock()
 				addStats(&n.ended, inc.host.Stats()) // with the swap: Status counts it once

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -22,15 +21,17 @@ import (
 // reps is how many times a racing pairing is repeated: n with
 // NATSMESH_LONG=1 (CI's long step runs this package so), a third of it in
 // the README's quick suite (go test -race ./..., which must fit five
-// minutes cold on two cores), a tenth with -short; never fewer than five.
+// minutes cold on two cores), a tenth with -short; never fewer than five,
+// and never more than n (a pairing repeated 3 times in the long suite ran
+// 5 times in the quick one).
 func reps(t *testing.T, n int) int {
 	switch {
-	case os.Getenv("NATSMESH_LONG") == "1":
+	case natstest.Long():
 		return n
 	case testing.Short():
-		return max(n/10, 5)
+		return min(n, max(n/10, 5))
 	default:
-		return max(n/3, 5)
+		return min(n, max(n/3, 5))
 	}
 }
 

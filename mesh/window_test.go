@@ -305,7 +305,7 @@ func TestWindowFaults(t *testing.T) {
 func windowFaults(t *testing.T, staged, callers bool) {
 	const window, streams = 8, 3
 	bursts := 7 * int(numFaults-1) // every fault at each of 3 positions, repeated
-	if testing.Short() {
+	if !natstest.Long() {
 		bursts = int(numFaults - 1)
 	}
 	s := natstest.RunServer(t)

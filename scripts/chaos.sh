@@ -2,7 +2,8 @@
 # Runs the nemesis (integration.TestNemesis, issue 21) with a seed for a
 # duration: a 3-server NATS cluster and three test-node processes under a
 # fault schedule generated from SEED (node SIGKILL, SIGSTOP/SIGCONT past the
-# fencing delay, lame-duck restarts and SIGKILLs of NATS servers, link cuts),
+# fencing delay, lame-duck restarts and SIGKILLs of NATS servers, link cuts,
+# slow links, route cuts that isolate a server),
 # a recorded workload of Deliver/Request lanes and kv registers, then every
 # history checker of internal/nemesis. The same seed replays the same
 # schedule. Exits non-zero when any check fails; the history (and the
@@ -10,10 +11,11 @@
 # OUTDIR, or in a temporary directory the failure names.
 #
 # Usage: scripts/chaos.sh SEED DURATION [OUTDIR]
-#   SEED      an unsigned integer (CI runs 2104 for 28s)
+#   SEED      an unsigned integer (CI runs 2104 for 44s)
 #   DURATION  how long faults are injected, as a Go duration: 90s, 30m
 # Environment: NATSMESH_CHAOS_FAULTS (comma-separated fault kinds, default
-# all: node-kill,node-freeze,server-lame-duck,server-kill,link-cut),
+# all: node-kill,node-freeze,server-lame-duck,server-kill,link-cut,
+# leader-kill,node-drain,link-slow,route-cut),
 # NATSMESH_CHAOS_IDLE (the nodes' idle timeout, a Go duration, e.g. 30ms:
 # activations are collected between deliveries, racing each collection's
 # claim release against the next delivery's claim; default 5 min),

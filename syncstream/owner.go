@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/plant"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
@@ -327,8 +328,10 @@ func (o *Owner) Handle(d *hub.Delivery) (bool, error) {
 		// A subscriber already there keeps its outbox: the snapshot
 		// follows the frames queued before it.
 		ob = &outbox{sub: req.Subscriber, stream: stream, caller: caller, legacy: legacy}
-		st.subs = append(st.subs, ob)
-		o.callers[caller]++
+		if !(plant.On(plant.StaleStream) && st.version > 0) {
+			st.subs = append(st.subs, ob)
+			o.callers[caller]++
+		} // else planted: a subscriber new to a resumed stream gets its snapshot, never a delta
 	}
 	v, epoch := st.version, o.epoch
 	o.mu.Unlock()

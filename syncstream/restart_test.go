@@ -82,6 +82,7 @@ func (c *subscribeCounter) ownerOn(n subjects.NodeID) *syncstream.Owner {
 func TestOwnerRestartResubscribesOnce(t *testing.T) {
 	for _, stop := range []string{"close", "drain"} {
 		t.Run(stop, func(t *testing.T) {
+			t.Parallel() // each on its own server; the time is the subscriber's back-off
 			s := natstest.RunServer(t)
 			c := &subscribeCounter{subs: map[subjects.NodeID]int{}, owner: map[subjects.NodeID]*syncstream.Owner{}}
 			start := func() (*mesh.Node, *nats.Conn) {

@@ -3,7 +3,6 @@ package syncstream_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"testing"
 	"time"
 
@@ -38,7 +37,7 @@ func TestFailedSubscribeLeavesNothing(t *testing.T) {
 	natstest.Eventually(t, 5*time.Second, func() bool {
 		return sub.Host().Stats().Activations == 0 && sub.Directory().Owned() == 0
 	}, "warm-up left an activation or a claim")
-	before := runtime.NumGoroutine()
+	before := natstest.SnapshotGoroutines()
 	for i := range 5 {
 		_, err := syncstream.Subscribe(context.Background(), sub, subjects.Address("refuse/x"), "", func(syncstream.Frame) {})
 		if !errors.Is(err, verdict.ErrHandler) {
@@ -48,7 +47,7 @@ func TestFailedSubscribeLeavesNothing(t *testing.T) {
 	natstest.Eventually(t, 5*time.Second, func() bool {
 		return sub.Host().Stats().Activations == 0 && sub.Directory().Owned() == 0
 	}, "no subscriber activation or claim left (activations %d, claims %d)", sub.Host().Stats().Activations, sub.Directory().Owned())
-	natstest.Eventually(t, 5*time.Second, func() bool { return runtime.NumGoroutine() <= before+2 }, "goroutines back to %d (now %d)", before, runtime.NumGoroutine())
+	natstest.NoGoroutineLeak(t, before, 2, 5*time.Second)
 }
 
 // TestSubscriberRearmsOnRejoin: when the subscriber's own node is fenced

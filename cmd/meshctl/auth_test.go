@@ -234,6 +234,21 @@ func TestAuthTLSAndCreds(t *testing.T) {
 		if !strings.Contains(r.stderr, `with nats context "secure"`) {
 			t.Errorf("stderr %q does not name the context", r.stderr)
 		}
+		// --context '' (or NATS_CONTEXT='') turns the selected context
+		// off: the flags alone are used (a fresh-user trial could only
+		// `nats context unselect`).
+		r = meshctl(t, nil, "", "--context", "", "-s", "nats://127.0.0.1:1", "nodes")
+		wantCode(t, r, exitNoNATS)
+		if strings.Contains(r.stderr, "nats context") {
+			t.Errorf("--context '': stderr %q still names a context", r.stderr)
+		}
+		t.Setenv("NATS_CONTEXT", "")
+		r = meshctl(t, nil, "", "-s", "nats://127.0.0.1:1", "nodes")
+		wantCode(t, r, exitNoNATS)
+		if strings.Contains(r.stderr, "nats context") {
+			t.Errorf("NATS_CONTEXT='': stderr %q still names a context", r.stderr)
+		}
+		os.Unsetenv("NATS_CONTEXT")
 	})
 	t.Run("unknown context", func(t *testing.T) {
 		r := meshctl(t, nil, "", "--context", "nope", "nodes")

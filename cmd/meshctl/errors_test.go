@@ -115,6 +115,22 @@ func TestLoginRefused(t *testing.T) {
 		})
 	}
 	wantCode(t, meshctl(t, s, "", "--user", "op", "--password", "secret", "nodes"), exitVerdict) // logged in; no node
+	// An nkey for a server that has no nkey users: nats.go refuses
+	// before it logs in ("nkeys not supported by the server"); the same
+	// line says what to do.
+	kp, _ := nkeys.CreateUser()
+	seed, _ := kp.Seed()
+	file := filepath.Join(t.TempDir(), "user.nk")
+	if err := os.WriteFile(file, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := meshctl(t, s, "", "--nkey", file, "nodes")
+	wantCode(t, r, exitNoNATS)
+	for _, want := range []string{"refused the login", "nkeys not supported", "the nkey seed of --nkey", "--creds", "--user"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("--nkey to a server without nkeys: stderr %q lacks %q", r.stderr, want)
+		}
+	}
 }
 
 // meshctlFlags are the flags of meshctl's variables.

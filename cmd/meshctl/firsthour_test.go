@@ -94,7 +94,7 @@ func TestTimeoutDoesNotBoundConnecting(t *testing.T) {
 
 func TestMeshctlVersion(t *testing.T) {
 	r := meshctl(t, nil, "", "--version")
-	if r.code != 0 || !strings.HasPrefix(r.stdout, "meshctl ") || strings.Count(r.stdout, "\n") != 1 {
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "meshctl "+mesh.Version+", build ") || strings.Count(r.stdout, "\n") != 1 {
 		t.Fatalf("%s", r)
 	}
 	// nodes -o json carries the protocol version and the build.

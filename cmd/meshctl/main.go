@@ -200,6 +200,9 @@ func (g *globals) resolve(fs *pflag.FlagSet) error {
 		return usageErrorf("%v", err)
 	}
 	name := g.context
+	if v, set := os.LookupEnv("NATS_CONTEXT"); name == "" && (fs.Changed("context") || (set && v == "")) {
+		return nil // --context '' or NATS_CONTEXT='': no context, not even the selected one
+	}
 	if name == "" {
 		sel, err := selectedContext()
 		if err != nil {
@@ -270,6 +273,9 @@ func (g *globals) origin(flag string) string {
 func (g *globals) setting(flag string, value any) string {
 	if g.env.Source(flag) == "" && g.fromContext[flag] {
 		return fmt.Sprintf("%s %q of nats context %q (%s)", contextKeys[flag], fmt.Sprint(value), g.contextName, g.contextPath)
+	}
+	if k := g.env.Source(flag); k != "" {
+		return fmt.Sprintf("%s=%q (for --%s)", k, fmt.Sprint(value), flag)
 	}
 	return fmt.Sprintf("%s=%q", g.origin(flag), fmt.Sprint(value))
 }
@@ -369,7 +375,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.StringVar(&g.prefix, "prefix", string(subjects.DefaultPrefix), "subject prefix of the mesh")
 	pf.DurationVar(&g.timeout, "timeout", 15*time.Second, "how long to wait for an answer (covers the mesh's ≈10 s retry ladder)")
-	pf.StringVar(&g.context, "context", "", "nats CLI context to connect with (~/.config/nats/context/NAME.json); default: the selected one, if any")
+	pf.StringVar(&g.context, "context", "", "nats CLI context to connect with (~/.config/nats/context/NAME.json); default: the selected one, if any; '' for none")
 	pf.StringVar(&g.creds, "creds", "", "NATS user credentials file")
 	pf.StringVar(&g.nkey, "nkey", "", "NATS nkey seed file")
 	pf.StringVar(&g.user, "user", "", "NATS user name")

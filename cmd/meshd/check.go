@@ -195,12 +195,12 @@ func (o options) preflight() error {
 			return fmt.Errorf("data dir %s: %v", e.Setting("data-dir"), err)
 		}
 		if err := tryListen(o.listen); err != nil {
-			return fmt.Errorf("the embedded NATS server cannot listen on %s: %v", e.Setting("listen"), err)
+			return fmt.Errorf("the embedded NATS server cannot listen on %s: %v (another meshd or nats-server may run there: pick another --listen, or stop it)", e.Setting("listen"), err)
 		}
 	}
 	if o.http != "" {
 		if err := tryListen(o.http); err != nil {
-			return fmt.Errorf("HTTP cannot listen on %s: %v", e.Setting("http"), err)
+			return fmt.Errorf("HTTP cannot listen on %s: %v (another meshd may run there: pick another --http, --http '' for none, or stop it)", e.Setting("http"), err)
 		}
 	}
 	return nil

@@ -32,9 +32,11 @@ lock is free), at most --timeout. Use it as a Kubernetes preStop hook
 (deploy/kubernetes): the pod's terminationGracePeriodSeconds must exceed
 --timeout, and --timeout the node's --drain-timeout.
 
-Exit codes: 0 the node drained and exited, or no meshd holds the directory
-(nothing to drain); 1 bad usage; 2 the node did not exit within --timeout,
-or could not be signalled.`,
+Exit codes: 0 the node drained and exited (it recorded a clean drain in
+the directory on its way out), or no meshd holds the directory (nothing to
+drain); 1 bad usage; 2 the node did not exit within --timeout, could not be
+signalled, or exited without a clean drain (its drain was cut short by its
+--drain-timeout, it failed, or it was killed: its log says why).`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,

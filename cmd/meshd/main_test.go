@@ -25,6 +25,7 @@ import (
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/hubs"
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -120,10 +121,11 @@ func TestEnvEveryFlag(t *testing.T) {
 	})
 }
 
-// TestVersion: --version prints the module version from the build info.
+// TestVersion: --version prints the release (what meshctl nodes shows),
+// then the module version from the build info.
 func TestVersion(t *testing.T) {
 	code, stdout, stderr := runMeshd(t, nil, "--version")
-	if code != 0 || !strings.HasPrefix(stdout, "meshd ") || strings.Count(stdout, "\n") != 1 || stderr != "" {
+	if code != 0 || !strings.HasPrefix(stdout, "meshd "+mesh.Version+", build ") || strings.Count(stdout, "\n") != 1 || stderr != "" {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }

@@ -12,8 +12,17 @@ import (
 // ModulePath is natsmesh's module path.
 const ModulePath = "github.com/natsmesh/natsmesh"
 
+// Release is the natsmesh release this source tree is (semantic
+// versioning, without the "v" a module tag has): what nodes announce in
+// the registry and control replies (mesh.Version), and the first word of
+// every version line, so that `meshd --version` and `meshctl nodes` name
+// the same thing whatever the build stamped.
+const Release = "0.1.0"
+
 // Info is natsmesh's version in the running binary.
 type Info struct {
+	// Release is the source tree's release (Release).
+	Release string `json:"release"`
 	// Version is the module version: a tag or pseudo-version when
 	// natsmesh is a dependency or was built with `go install …@version`,
 	// "(devel)" for a build from a checkout; "unknown" without build
@@ -34,14 +43,14 @@ type Info struct {
 func Read() Info {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return Info{Version: "unknown"}
+		return Info{Release: Release, Version: "unknown"}
 	}
 	return FromBuildInfo(bi)
 }
 
 // FromBuildInfo is Read for given build information.
 func FromBuildInfo(bi *debug.BuildInfo) Info {
-	out := Info{Version: "unknown", GoVersion: bi.GoVersion}
+	out := Info{Release: Release, Version: "unknown", GoVersion: bi.GoVersion}
 	mod := &bi.Main
 	if mod.Path != ModulePath {
 		mod = nil
@@ -76,12 +85,17 @@ func FromBuildInfo(bi *debug.BuildInfo) Info {
 	return out
 }
 
-// String is the one-line form: "<version>", then ", revision <12 hex
-// digits>[ (modified)], <time>" when the binary has a VCS stamp (the
-// revision only if the version, a pseudo-version, does not end with it),
-// then ", <go version>".
+// String is the one-line form: "<release>, build <version>", then
+// ", revision <12 hex digits>[ (modified)], <time>" when the binary has a
+// VCS stamp (the revision only if the version, a pseudo-version, does not
+// end with it), then ", <go version>". The build's module version is
+// "(devel)" for a build from a checkout and a tag or pseudo-version for
+// `go install …@version`.
 func (i Info) String() string {
 	var b strings.Builder
+	if i.Release != "" {
+		b.WriteString(i.Release + ", build ")
+	}
 	b.WriteString(i.Version)
 	if i.Revision != "" {
 		rev := i.Revision

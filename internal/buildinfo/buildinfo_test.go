@@ -17,8 +17,8 @@ func TestFromBuildInfo(t *testing.T) {
 			bi: debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: ModulePath, Version: "(devel)"}, Settings: []debug.BuildSetting{
 				{Key: "vcs.revision", Value: "0123456789abcdef0123"}, {Key: "vcs.time", Value: "2026-12-01T08:00:00Z"}, {Key: "vcs.modified", Value: "true"},
 			}},
-			want: Info{Version: "(devel)", Revision: "0123456789abcdef0123", Time: "2026-12-01T08:00:00Z", Modified: true, GoVersion: "go1.26.0"},
-			str:  "(devel), revision 0123456789ab (modified), 2026-12-01T08:00:00Z, go1.26.0",
+			want: Info{Release: Release, Version: "(devel)", Revision: "0123456789abcdef0123", Time: "2026-12-01T08:00:00Z", Modified: true, GoVersion: "go1.26.0"},
+			str:  "0.1.0, build (devel), revision 0123456789ab (modified), 2026-12-01T08:00:00Z, go1.26.0",
 			shrt: "(devel) 0123456789ab+dirty",
 		},
 		{
@@ -26,8 +26,8 @@ func TestFromBuildInfo(t *testing.T) {
 			bi: debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: ModulePath, Version: "v0.0.0-20261201091305-3a5b8f5645f0"}, Settings: []debug.BuildSetting{
 				{Key: "vcs.revision", Value: "3a5b8f5645f0aaaa"}, {Key: "vcs.time", Value: "2026-12-01T09:13:05Z"}, {Key: "vcs.modified", Value: "false"},
 			}},
-			want: Info{Version: "v0.0.0-20261201091305-3a5b8f5645f0", Revision: "3a5b8f5645f0aaaa", Time: "2026-12-01T09:13:05Z", GoVersion: "go1.26.0"},
-			str:  "v0.0.0-20261201091305-3a5b8f5645f0, 2026-12-01T09:13:05Z, go1.26.0",
+			want: Info{Release: Release, Version: "v0.0.0-20261201091305-3a5b8f5645f0", Revision: "3a5b8f5645f0aaaa", Time: "2026-12-01T09:13:05Z", GoVersion: "go1.26.0"},
+			str:  "0.1.0, build v0.0.0-20261201091305-3a5b8f5645f0, 2026-12-01T09:13:05Z, go1.26.0",
 			shrt: "v0.0.0-20261201091305-3a5b8f5645f0",
 		},
 		{
@@ -35,15 +35,15 @@ func TestFromBuildInfo(t *testing.T) {
 			bi: debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: "example.com/svc", Version: "(devel)"},
 				Deps:     []*debug.Module{{Path: "other/x", Version: "v1.0.0"}, {Path: ModulePath, Version: "v0.3.1"}},
 				Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "ffff"}}},
-			want: Info{Version: "v0.3.1", GoVersion: "go1.26.0"},
-			str:  "v0.3.1, go1.26.0", shrt: "v0.3.1",
+			want: Info{Release: Release, Version: "v0.3.1", GoVersion: "go1.26.0"},
+			str:  "0.1.0, build v0.3.1, go1.26.0", shrt: "v0.3.1",
 		},
 		{
 			name: "replaced dependency",
 			bi: debug.BuildInfo{Main: debug.Module{Path: "example.com/svc"},
 				Deps: []*debug.Module{{Path: ModulePath, Version: "v0.0.0", Replace: &debug.Module{Path: "../natsmesh"}}}},
-			want: Info{Version: "(devel)"},
-			str:  "(devel)", shrt: "(devel)",
+			want: Info{Release: Release, Version: "(devel)"},
+			str:  "0.1.0, build (devel)", shrt: "(devel)",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -83,9 +83,12 @@ func CheckReadable(path string) error {
 
 // LoginRefused reports whether err, from nats.Connect, is the server
 // refusing the login (no, wrong, expired or revoked credentials:
-// "Authorization Violation" and its kin), as opposed to a server that
-// cannot be reached.
+// "Authorization Violation" and its kin; or an nkey given to a server
+// that has no nkey users, which nats.go refuses before logging in with
+// nats.ErrNkeysNotSupported), as opposed to a server that cannot be
+// reached.
 func LoginRefused(err error) bool {
 	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
-		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired) ||
+		errors.Is(err, nats.ErrNkeysNotSupported)
 }

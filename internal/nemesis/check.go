@@ -80,6 +80,8 @@ func Checkers(o Options) []Checker {
 		{"timeout-not-resent", CheckTimeoutNotResent},
 		{"one-verdict", CheckOneVerdict},
 		{"kv-linearizable", func(h *History) Finding { return CheckKV(h, o) }},
+		{"durable-writes", CheckDurable},
+		{"stream-convergence", CheckStreams},
 	}
 }
 
@@ -111,7 +113,7 @@ const PartitionGrace = 250 * time.Millisecond
 // partition").
 func (h *History) inPartitionWindow(t Turn) bool {
 	for _, f := range h.Faults {
-		if (f.Kind == LinkCut || f.Kind == NodeFreeze) && f.Process == t.Process &&
+		if (f.cutsOff(t.Process) || f.Kind == NodeFreeze && f.Process == t.Process) &&
 			f.Start-int64(PartitionGrace) <= t.Start && t.Start <= f.End {
 			return true
 		}
@@ -193,7 +195,8 @@ func final(op Op, late map[string][]Late) Outcome {
 // answers a pause with fencing instead — the frozen turn's state save fails
 // once a successor took the state over (DESIGN §7a), which CheckKV judges —
 // so such pairs are excused (Finding.Excused). Likewise a turn whose
-// process's links were all cut (LinkCut) while it ran: whatever it still
+// process's links were all cut (LinkCut), or whose server was isolated
+// (RouteCut), while it ran: whatever it still
 // does reaches the store only through NATS, where the same fencing answers
 // it (e.g. a state save in flight at the cut waits out its timeout, then
 // fails outcome-unknown; its write, if it ever lands, fails the revision
@@ -207,11 +210,14 @@ func CheckSingleActivation(h *History) Finding {
 	cuts := map[string][][2]int64{}    // process -> cut-off intervals
 	for _, f := range h.Faults {
 		switch {
-		case f.Process == "":
-		case f.Kind == NodeFreeze:
+		case f.Kind == NodeFreeze && f.Process != "":
 			freezes[f.Process] = append(freezes[f.Process], [2]int64{f.Start, f.End})
-		case f.Kind == LinkCut:
+		case f.Kind == LinkCut && f.Process != "":
 			cuts[f.Process] = append(cuts[f.Process], [2]int64{f.Start, f.End})
+		case f.Kind == RouteCut:
+			for _, p := range f.Isolated {
+				cuts[p] = append(cuts[p], [2]int64{f.Start, f.End})
+			}
 		}
 	}
 	// frozenMidTurn reports whether o's process froze, or was cut off,
@@ -469,8 +475,13 @@ func (h *History) resentPastOwner(op Op, t Turn) bool {
 		}
 	}
 	for _, f := range h.Faults {
-		if procs[f.Process] && f.Kind.OnNode() && f.Start <= t.Start && f.End >= op.Invoke {
-			return true
+		if f.Start > t.Start || f.End < op.Invoke {
+			continue
+		}
+		for p := range procs {
+			if f.hits(p) {
+				return true
+			}
 		}
 	}
 	for p := range procs {
@@ -500,20 +511,33 @@ func (h *History) describeTurns(ts []Turn) string {
 	return strings.Join(s, "; ")
 }
 
-// CheckTimeoutNotResent checks that a delivery whose verdict was a timeout
-// was never sent again (DESIGN §3, §4: a timed-out leg may still be held
-// by its callee): it ran at most once, and no attempt after the one that
-// timed out (Outcome.Attempts) was accepted. It judges the timed-out
-// deliveries.
+// CheckTimeoutNotResent checks that a delivery whose leg timed out was
+// never sent again (DESIGN §3, §4: a timed-out leg may still be held by
+// its callee). Two records show it:
+//   - the operation's verdict: a delivery whose verdict was a timeout ran
+//     at most once, and no attempt after the one that timed out
+//     (Outcome.Attempts) was accepted;
+//   - the sender's own legs (History.Legs, where the run traced them): a
+//     leg that timed out at attempt k was the delivery's last — no leg of
+//     a later attempt was reported, and no turn of a later attempt ran,
+//     whatever the final verdict was.
+//
+// It judges the deliveries with a timed-out verdict or leg.
 func CheckTimeoutNotResent(h *History) Finding {
 	turns := h.turnsByID()
-	n := 0
+	timedOutAt := map[string]int{} // delivery ID -> the first attempt whose leg timed out
+	for _, l := range h.Legs {
+		if l.TimedOut() && (timedOutAt[l.ID] == 0 || l.Attempt < timedOutAt[l.ID]) {
+			timedOutAt[l.ID] = l.Attempt
+		}
+	}
+	judged := map[string]bool{}
 	var out []Violation
 	for _, op := range h.Ops {
 		if !op.Timeout {
 			continue
 		}
-		n++
+		judged[op.ID] = true
 		ts := turns[op.ID]
 		if len(ts) > 1 {
 			out = append(out, Violation{Check: "timeout-not-resent", Address: op.Address, Stream: op.Stream, ID: op.ID,
@@ -527,7 +551,35 @@ func CheckTimeoutNotResent(h *History) Finding {
 			}
 		}
 	}
-	return Finding{Checked: n, Violations: out}
+	ops := map[string]Op{}
+	for _, op := range h.Ops {
+		ops[op.ID] = op
+	}
+	for _, id := range sortedKeys(timedOutAt) {
+		k := timedOutAt[id]
+		judged[id] = true
+		op := ops[id]
+		v := Violation{Check: "timeout-not-resent", Address: op.Address, Stream: op.Stream, ID: id}
+		later := 0
+		for _, l := range h.Legs {
+			if l.ID == id && l.Attempt > k {
+				later = max(later, l.Attempt)
+			}
+		}
+		if later > 0 {
+			v.Detail = fmt.Sprintf("its leg timed out at attempt %d, and the sender sent attempt %d (verdict %s)", k, later, op.Verdict)
+			out = append(out, v)
+			continue
+		}
+		for _, t := range turns[id] {
+			if t.Attempt > k {
+				v.Detail = fmt.Sprintf("its leg timed out at attempt %d, and attempt %d ran: %s", k, t.Attempt, h.describeTurn(t))
+				out = append(out, v)
+				break
+			}
+		}
+	}
+	return Finding{Checked: len(judged), Violations: out}
 }
 
 // CheckOneVerdict checks that every delivery got exactly one final verdict
@@ -585,4 +637,24 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// CheckStreams checks that every sync-stream subscription of the workload
+// converged to its owner's state after the faults stopped and was still
+// open (DESIGN §7: never silently stale, never closed by a fault). It
+// judges the subscriptions.
+func CheckStreams(h *History) Finding {
+	var out []Violation
+	for _, o := range h.Streams {
+		switch {
+		case o.Closed != "":
+			out = append(out, Violation{Check: "stream-convergence", Address: o.Address,
+				Detail: fmt.Sprintf("the subscription ended: %s (frames %d, resubscribes %d)", o.Closed, o.Frames, o.Resubscribes)})
+		case !o.Converged:
+			out = append(out, Violation{Check: "stream-convergence", Address: o.Address,
+				Detail: fmt.Sprintf("mirror %v, owner %v after %v (frames %d, stale %d, resubscribes %d, writes %d)",
+					o.Mirror, o.Owner, time.Duration(o.Waited).Round(time.Millisecond), o.Frames, o.Stale, o.Resubscribes, o.Writes)})
+		}
+	}
+	return Finding{Checked: len(h.Streams), Violations: out}
 }

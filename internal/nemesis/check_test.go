@@ -115,6 +115,31 @@ func TestSingleActivation(t *testing.T) {
 			turn("a", "k/1", "n1", 1, 450, 0),
 		}}, "turns of two activations overlap: b on n2.2")
 	})
+	// A route cut isolates the server n1 was on: n1's link holds, yet
+	// it is cut off as a link cut would; n3, on another server, is not.
+	route := FaultRecord{Fault: Fault{Kind: RouteCut, Target: 1}, Isolated: []string{"n1#0"}, Start: ms(5), End: ms(400)}
+	t.Run("good: a turn on an isolated server's node overlapped mid-way by a successor", func(t *testing.T) {
+		h := &History{Faults: []FaultRecord{route}, Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 0, 401),
+			turn("b", "k/1", "n2", 2, 300, 310),
+		}}
+		expect(t, CheckSingleActivation, h)
+		if p := CheckSingleActivation(h).Excused; len(p) != 1 {
+			t.Fatalf("excused %v, want the overlap", p)
+		}
+	})
+	t.Run("bad: a route cut excuses only the nodes on the isolated server", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{route}, Turns: []Turn{
+			turn("a", "k/1", "n3", 1, 0, 401),
+			turn("b", "k/1", "n2", 2, 300, 310),
+		}}, "turns of two activations overlap: a on n3.1")
+	})
+	t.Run("bad: an isolated node starts a turn after the cut, overlapping", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{route}, Turns: []Turn{
+			turn("b", "k/1", "n2", 2, 300, 500),
+			turn("a", "k/1", "n1", 1, 450, 0),
+		}}, "turns of two activations overlap: b on n2.2")
+	})
 	t.Run("good: a turn cut short by its process's death", func(t *testing.T) {
 		expect(t, CheckSingleActivation, &History{Exits: map[string]int64{"n1#0": ms(100)}, Turns: []Turn{
 			turn("a", "k/1", "n1", 1, 0, 0),
@@ -207,6 +232,17 @@ func TestAtMostOnce(t *testing.T) {
 			t.Fatalf("excused %v, want both", e)
 		}
 	})
+	t.Run("good: the extra run was on a node whose server was isolated", func(t *testing.T) {
+		route := FaultRecord{Fault: Fault{Kind: RouteCut}, Isolated: []string{"n1#0"}, Start: ms(500), End: ms(700)}
+		h := &History{
+			Faults: []FaultRecord{route},
+			Ops:    []Op{lane("a", "k/1", "", 0, 0, acceptedBy("n2.2"))},
+			Turns:  []Turn{turn("a", "k/1", "n1", 1, 600, 601), turn("a", "k/1", "n2", 2, 800, 801)},
+		}
+		expect(t, CheckAtMostOnce, h)
+		h.Faults[0].Isolated = []string{"n3#0"}
+		expect(t, CheckAtMostOnce, h, "accepted once, ran 2 times")
+	})
 	t.Run("bad: the generation that answered ran it twice, one run during a cut", func(t *testing.T) {
 		expect(t, CheckAtMostOnce, &History{
 			Faults: []FaultRecord{cut},
@@ -289,6 +325,36 @@ func TestTimeoutNotResent(t *testing.T) {
 			Ops:   []Op{lane("t", "k/1", "", 0, 0, timeout(1))},
 			Turns: []Turn{turn("t", "k/1", "n1", 1, 10, 11), turn("t", "k/1", "n2", 2, 20, 21)},
 		}, "ran 2 times")
+	})
+	// The sender's legs: a leg timed out, whatever the final verdict.
+	leg := func(id string, attempt int, v, reason string) Leg {
+		return Leg{ID: id, Attempt: attempt, Node: "n1.1", Verdict: v, Reason: reason}
+	}
+	t.Run("good: a refused leg, then an accepted one; a timed-out last leg", func(t *testing.T) {
+		h := &History{
+			Ops: []Op{lane("r", "k/1", "", 0, 0, accepted()), lane("t", "k/1", "", 0, 0, timeout(1))},
+			Legs: []Leg{leg("r", 1, "ShuttingDown", "not-owner"), leg("r", 2, "Accepted", ""),
+				leg("t", 1, "Failed", "timeout")},
+			Turns: []Turn{at(turn("r", "k/1", "n2", 2, 10, 11), 2)},
+		}
+		expect(t, CheckTimeoutNotResent, h)
+		if n := CheckTimeoutNotResent(h).Checked; n != 1 {
+			t.Fatalf("judged %d, want 1 (t)", n)
+		}
+	})
+	t.Run("bad: a leg timed out and the sender sent the next attempt", func(t *testing.T) {
+		expect(t, CheckTimeoutNotResent, &History{
+			Ops:   []Op{lane("a", "k/1", "", 0, 0, accepted())},
+			Legs:  []Leg{leg("a", 1, "Failed", "timeout"), leg("a", 2, "Accepted", "")},
+			Turns: []Turn{at(turn("a", "k/1", "n2", 2, 10, 11), 2)},
+		}, "its leg timed out at attempt 1, and the sender sent attempt 2 (verdict Accepted)")
+	})
+	t.Run("bad: a leg timed out and a later attempt ran, its leg unreported", func(t *testing.T) {
+		expect(t, CheckTimeoutNotResent, &History{
+			Ops:   []Op{lane("a", "k/1", "", 0, 0, accepted())},
+			Legs:  []Leg{leg("a", 1, "Failed", "timeout")},
+			Turns: []Turn{at(turn("a", "k/1", "n2", 2, 10, 11), 3)},
+		}, "its leg timed out at attempt 1, and attempt 3 ran")
 	})
 }
 
@@ -434,4 +500,22 @@ func TestClaims(t *testing.T) {
 			t.Fatalf("excused %v", e)
 		}
 	})
+}
+
+// TestCheckStreams: a subscription that converged and stayed open passes;
+// one that ended, or whose mirror never reached the owner's state, is a
+// violation naming its address.
+func TestCheckStreams(t *testing.T) {
+	h := &History{Streams: []StreamOutcome{
+		{Address: "kv/ok", Converged: true, Mirror: map[string]string{"k": "1"}, Owner: map[string]string{"k": "1"}},
+		{Address: "kv/closed", Converged: true, Closed: "Failed (handler)"},
+		{Address: "kv/stale", Mirror: map[string]string{"k": "1"}, Owner: map[string]string{"k": "2"}},
+	}}
+	f := CheckStreams(h)
+	if f.Checked != 3 || len(f.Violations) != 2 {
+		t.Fatalf("checked %d, violations %v", f.Checked, f.Violations)
+	}
+	if f.Violations[0].Address != "kv/closed" || f.Violations[1].Address != "kv/stale" {
+		t.Errorf("violations %v", f.Violations)
+	}
 }

@@ -23,6 +23,10 @@
 //   - [CheckKV]: the kv operations on each address are linearizable
 //     (Porcupine); a failing partition is written as Porcupine's HTML
 //     visualization.
+//   - [CheckDurable]: acknowledged durable writes survive the loss of
+//     every node (read back after the run).
+//   - [CheckStreams]: every sync-stream subscription converged to its
+//     owner's state after the faults stopped, and none ended.
 //
 // Checkers are pure functions of the history: they run the same on a
 // history recorded a minute ago, on one read back from a file ([ReadJSON]),
@@ -30,7 +34,8 @@
 //
 // [Generate] turns a seed into a [Schedule] of faults (node SIGKILL,
 // SIGSTOP/SIGCONT past the fencing delay, a NATS server's lame-duck restart,
-// a server SIGKILL and restart, link cuts); the same seed yields the same
+// a server SIGKILL and restart, stream-leader kills, link cuts and slow
+// links, a node joining and draining); the same seed yields the same
 // schedule. Applying it to processes is the harness's job (package
 // integration), so this package imports nothing of the harness.
 package nemesis

@@ -97,6 +97,10 @@ type Op struct {
 	// did not. The re-send's outcome is not recorded: its answer is the
 	// kept one or a verdict saying it is gone.
 	Resent int64 `json:"resent,omitempty"`
+	// Final marks a kv-get of the read-back (CheckDurable): made after
+	// the workload stopped and every node process was killed and started
+	// again, so the register's value came from durable state alone.
+	Final bool `json:"final,omitempty"`
 	Outcome
 }
 
@@ -173,6 +177,22 @@ type Late struct {
 	Outcome
 }
 
+// Leg is one attempt of a delivery as its sender reported it (the
+// "attempt" events of the delivery's trace span, DESIGN §11): the attempt
+// number and the verdict of that leg alone. CheckTimeoutNotResent reads
+// the legs that timed out.
+type Leg struct {
+	ID      string `json:"id"`
+	Attempt int    `json:"attempt"`
+	Node    string `json:"node,omitempty"` // the node generation it was sent to, "name.gen"
+	Verdict string `json:"verdict"`        // verdict.Verdict's name
+	Reason  string `json:"reason,omitempty"`
+}
+
+// TimedOut reports whether the leg was sent and timed out: the callee may
+// hold it, so it must be the delivery's last attempt (DESIGN §3).
+func (l Leg) TimedOut() bool { return l.Verdict == "Failed" && l.Reason == "timeout" }
+
 // Turn is one handler turn on a hub, as its node process logged it.
 type Turn struct {
 	// Process names the OS process that ran it (unique in the run, e.g.
@@ -205,23 +225,70 @@ type FaultRecord struct {
 	Fault
 	// Process is the node process it hit (Turn.Process), for node faults.
 	Process string `json:"process,omitempty"`
-	Start   int64  `json:"start"` // when it was injected
-	End     int64  `json:"end"`   // when it was healed (the process restarted, woken, the link restored)
-	Note    string `json:"note,omitempty"`
+	// Isolated lists, for RouteCut, the node processes connected to the
+	// isolated server when it was cut off: the fault cut them off.
+	Isolated []string `json:"isolated,omitempty"`
+	Start    int64    `json:"start"` // when it was injected
+	End      int64    `json:"end"`   // when it was healed (the process restarted, woken, the link restored)
+	Note     string   `json:"note,omitempty"`
+}
+
+// hits reports whether f hit process p itself: a node fault on it, or a
+// route cut of the server it was connected to.
+func (f FaultRecord) hits(p string) bool {
+	return f.Kind.OnNode() && f.Process == p || f.Kind == RouteCut && slices.Contains(f.Isolated, p)
+}
+
+// cutsOff reports whether f cut process p off from the rest of the
+// cluster while it lasted: all of its links cut, or its server isolated.
+func (f FaultRecord) cutsOff(p string) bool {
+	return f.Kind == LinkCut && f.Process == p || f.Kind == RouteCut && slices.Contains(f.Isolated, p)
 }
 
 // History is everything one run recorded.
 type History struct {
-	Seed   uint64        `json:"seed"`
-	Start  int64         `json:"start"`
-	End    int64         `json:"end"` // when recording stopped: an open turn lasts until then
-	Ops    []Op          `json:"ops"`
-	Late   []Late        `json:"late,omitempty"`
+	Seed  uint64 `json:"seed"`
+	Start int64  `json:"start"`
+	End   int64  `json:"end"` // when recording stopped: an open turn lasts until then
+	Ops   []Op   `json:"ops"`
+	Late  []Late `json:"late,omitempty"`
+	// Legs are the attempts the sender reported, where it traced them
+	// (Recorder.AddLeg); none: the run recorded no legs.
+	Legs   []Leg         `json:"legs,omitempty"`
 	Turns  []Turn        `json:"turns"`
 	Faults []FaultRecord `json:"faults,omitempty"`
 	// Exits maps a process (Turn.Process) to when it was seen to exit: a
 	// turn with no end logged ended at the latest then.
 	Exits map[string]int64 `json:"exits,omitempty"`
+	// Streams are the sync-stream subscriptions' outcomes once the faults
+	// stopped (CheckStreams).
+	Streams []StreamOutcome `json:"streams,omitempty"`
+}
+
+// StreamOutcome is how one sync-stream subscription of the workload ended
+// up once the faults stopped: whether its mirror reached the owner's state
+// (DESIGN §7: a subscription is never silently stale), and how long that
+// took.
+type StreamOutcome struct {
+	Address string `json:"address"`
+	// Converged: the mirror equalled the owner's state, read through the
+	// owner's own turns, within the bound the run allowed.
+	Converged bool `json:"converged"`
+	// Waited is how long after the faults stopped the mirror was first
+	// seen equal (ns), or the whole bound when it never was.
+	Waited int64 `json:"waited"`
+	// Mirror and Owner are the last states compared (key -> value).
+	Mirror map[string]string `json:"mirror"`
+	Owner  map[string]string `json:"owner"`
+	// Closed is the error the subscription ended with, if it ended: a
+	// subscription the workload never stopped must not end.
+	Closed string `json:"closed,omitempty"`
+	// Frames, Stale and Resubscribes are the subscription's counters.
+	Frames       int64 `json:"frames"`
+	Stale        int64 `json:"stale"`
+	Resubscribes int64 `json:"resubscribes"`
+	// Writes is how many changes the workload's writer had accepted.
+	Writes int `json:"writes"`
 }
 
 // turnEnd returns when t ended: its logged end, else its process's exit,
@@ -304,6 +371,20 @@ func (r *Recorder) AddLate(l Late) {
 	r.h.Late = append(r.h.Late, l)
 }
 
+// AddLeg records one attempt the sender reported.
+func (r *Recorder) AddLeg(l Leg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.h.Legs = append(r.h.Legs, l)
+}
+
+// AddStream records a sync-stream subscription's outcome.
+func (r *Recorder) AddStream(o StreamOutcome) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.h.Streams = append(r.h.Streams, o)
+}
+
 // AddFault records an applied fault.
 func (r *Recorder) AddFault(f FaultRecord) {
 	r.mu.Lock()
@@ -327,6 +408,7 @@ func (r *Recorder) Finish(end int64, turns []Turn) *History {
 	h.End = end
 	h.Ops = slices.Clone(r.h.Ops)
 	h.Late = slices.Clone(r.h.Late)
+	h.Legs = slices.Clone(r.h.Legs)
 	h.Faults = slices.Clone(r.h.Faults)
 	h.Turns = slices.Clone(turns)
 	h.Exits = make(map[string]int64, len(r.h.Exits))

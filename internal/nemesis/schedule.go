@@ -41,18 +41,32 @@ const (
 	// waits for it to exit and starts it again after Hold: a node leaving
 	// and joining mid-burst.
 	NodeDrain FaultKind = "node-drain"
+	// LinkSlow makes every NATS link of a node slow (through its TCP
+	// proxies) for Hold: each chunk is held Delay (20–150 ms) before it is
+	// passed on — latency and a bandwidth bound, below the ping bound at
+	// the workload's rate, so the node stays connected.
+	LinkSlow FaultKind = "link-slow"
+	// RouteCut isolates the NATS server node Target is connected to
+	// from the other servers for Hold — its routes closed at once, or
+	// (Drop) silently dropped — while its clients stay connected to it,
+	// then restores the routes: the nodes on it (FaultRecord.Isolated,
+	// Target among them) keep their links up and reach neither
+	// the other nodes nor the JetStream majority, so they notice only by
+	// their failing heartbeats (the lease, DESIGN §6), and past the TTL
+	// the others take their addresses over.
+	RouteCut FaultKind = "route-cut"
 )
 
 // LeaderBuckets is how many buckets LeaderKill targets (its Target's range).
 const LeaderBuckets = 3
 
 // AllFaultKinds lists every fault kind.
-var AllFaultKinds = []FaultKind{NodeKill, NodeFreeze, ServerLameDuck, ServerKill, LinkCut, LeaderKill, NodeDrain}
+var AllFaultKinds = []FaultKind{NodeKill, NodeFreeze, ServerLameDuck, ServerKill, LinkCut, LeaderKill, NodeDrain, LinkSlow, RouteCut}
 
 // OnNode reports whether the fault's Target is a node (else a server, or
 // for LeaderKill a bucket).
 func (k FaultKind) OnNode() bool {
-	return k == NodeKill || k == NodeFreeze || k == LinkCut || k == NodeDrain
+	return k == NodeKill || k == NodeFreeze || k == LinkCut || k == NodeDrain || k == LinkSlow || k == RouteCut
 }
 
 // Fault is one scheduled fault.
@@ -61,22 +75,28 @@ type Fault struct {
 	// is still recovering from the previous fault injects it late.
 	At   time.Duration `json:"at"`
 	Kind FaultKind     `json:"kind"`
-	// Target is the node index (NodeKill, NodeFreeze, LinkCut, NodeDrain),
-	// the server index (ServerLameDuck, ServerKill), or the bucket
+	// Target is the node index (NodeKill, NodeFreeze, LinkCut, NodeDrain,
+	// LinkSlow; RouteCut: the server it is on), the server index
+	// (ServerLameDuck, ServerKill), or the bucket
 	// (LeaderKill: 0 registry, 1 directory, 2 hub state).
 	Target int `json:"target"`
 	// Hold is how long the fault lasts before it is healed (0 for
 	// ServerLameDuck: the server restarts once it exited; for NodeDrain,
 	// counted from the drained process's exit).
 	Hold time.Duration `json:"hold,omitempty"`
-	// Drop, for LinkCut: drop bytes silently instead of closing.
+	// Drop, for LinkCut and RouteCut: drop bytes silently instead of
+	// closing.
 	Drop bool `json:"drop,omitempty"`
+	// Delay, for LinkSlow: how long each chunk is held.
+	Delay time.Duration `json:"delay,omitempty"`
 }
 
 // String describes the fault on one line.
 func (f Fault) String() string {
 	target := fmt.Sprintf("server %d", f.Target)
 	switch {
+	case f.Kind == RouteCut:
+		target = fmt.Sprintf("the server of node %d", f.Target)
 	case f.Kind.OnNode():
 		target = fmt.Sprintf("node %d", f.Target)
 	case f.Kind == LeaderKill:
@@ -86,8 +106,11 @@ func (f Fault) String() string {
 	if f.Hold > 0 {
 		s += fmt.Sprintf(" for %v", f.Hold)
 	}
-	if f.Kind == LinkCut {
+	if f.Kind == LinkCut || f.Kind == RouteCut {
 		s += map[bool]string{true: " (dropped)", false: " (closed)"}[f.Drop]
+	}
+	if f.Kind == LinkSlow {
+		s += fmt.Sprintf(" (%v a chunk)", f.Delay)
 	}
 	return s
 }
@@ -193,6 +216,20 @@ func Generate(c ScheduleConfig) (Schedule, error) {
 		case LinkCut:
 			f.Hold = between(500*time.Millisecond, 4*time.Second)
 			f.Drop = rng.IntN(2) == 1
+		case RouteCut:
+			// Up to past the TTL (8 s by default) and the fencing
+			// delay: short cuts the nodes on the isolated server ride
+			// out, long ones end in their lease lapsing and a takeover.
+			f.Hold = between(1*time.Second, 12*time.Second)
+			f.Drop = rng.IntN(2) == 1
+		case LinkSlow:
+			f.Hold = between(1*time.Second, 4*time.Second)
+			// At most 150 ms: a round trip of four chunks (600 ms) and
+			// the pump's bound (32 KiB a delay, 213 KiB/s) stay inside
+			// the ping bound (~1 s) at the workload's rate; at 250 ms a
+			// hostile review saw 150 kB/s go stale, which is a link cut
+			// (recorded as none).
+			f.Delay = between(20*time.Millisecond, 150*time.Millisecond)
 		}
 		s.Faults = append(s.Faults, f)
 		at += f.Hold + c.Settle + between(0, c.Settle)

@@ -7,18 +7,17 @@ import (
 	"strings"
 )
 
-var planted = func() map[Bug]bool {
-	m := map[Bug]bool{}
-	for b := range strings.SplitSeq(os.Getenv(EnvVar), ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			m[Bug(b)] = true
+// On reports whether bug b is planted: named in NATSMESH_PLANT, read at
+// each call (a test process that plants a bug in itself sets the variable
+// for one subtest only).
+func On(b Bug) bool {
+	for p := range strings.SplitSeq(os.Getenv(EnvVar), ",") {
+		if Bug(strings.TrimSpace(p)) == b {
+			return true
 		}
 	}
-	return m
-}()
-
-// On reports whether bug b is planted: named in NATSMESH_PLANT.
-func On(b Bug) bool { return planted[b] }
+	return false
+}
 
 // Built reports whether this binary was built with the natsmesh_plant tag.
 const Built = true

@@ -18,6 +18,21 @@ const (
 	// ReorderLane: an activation takes its inbox newest first when two
 	// or more deliveries wait (lane-order).
 	ReorderLane Bug = "reorder-lane"
+	// AckUnsaved: the hub state store acknowledges a save without writing
+	// it — the activation serves its state from memory, and whatever
+	// loads the record later finds what was last written
+	// (durable-writes).
+	AckUnsaved Bug = "ack-unsaved"
+	// StaleStream: a sync-stream owner whose stream resumed from stored
+	// state (a new activation after a move) answers a new subscriber
+	// with its snapshot but never registers it for deltas, so every
+	// subscription that followed its owner across a move goes silently
+	// stale (stream-convergence).
+	StaleStream Bug = "stale-stream"
+	// ResendTimeout: the sender takes a leg that timed out as
+	// resendable and sends the delivery again while its deadline allows,
+	// although the callee may hold it (timeout-not-resent).
+	ResendTimeout Bug = "resend-timeout"
 )
 
 // EnvVar names the bugs switched on in a planted build.

@@ -28,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/mesh/membership"
@@ -134,6 +135,14 @@ type Directory struct {
 	departure chan struct{} // a generation departed: prune its entries
 	stopEv    func()
 
+	// reads coalesces concurrent senders' directory reads of one address
+	// (Resolve): one read in flight per address, whatever the number of
+	// deliveries waiting for it. resolveReads counts the reads made.
+	reads        singleflight.Group
+	resolveReads atomic.Int64
+	readWaiters  atomic.Int64  // callers waiting for a read (readShared)
+	readGate     chan struct{} // tests: a read waits for it before it asks
+
 	mu      sync.Mutex
 	owned   map[subjects.Address]held     // address -> the claim this node holds on it
 	lastID  uint64                        // the last claim identity issued
@@ -150,6 +159,7 @@ type Directory struct {
 	swept, sweeps         atomic.Int64 // claims re-read by the rotating sweep, and its passes
 	watchChecks           atomic.Int64 // changes to own claims the watch delivered and the verifier checked
 	watchFailures         atomic.Int64 // watches of the directory that could not be started
+	staleReads            atomic.Int64 // verifier reads older than the claim they checked (a lagging replica)
 	noTTL                 atomic.Bool  // the bucket refused a marker TTL: plain deletes
 	fullPasses            atomic.Int64 // full verification passes (stream re-created or lost writes, watch restarted)
 	streamCreated         time.Time    // the directory stream's creation time at the last look (under mu)
@@ -163,7 +173,8 @@ type Directory struct {
 	once   sync.Once
 }
 
-// Stats are counters of directory entries this node refused.
+// Stats are counters of this node's directory work: the entries it
+// refused, and the reads its senders made.
 type Stats struct {
 	// InvalidEntries counts claims read that did not parse (treated as
 	// unowned).
@@ -171,11 +182,15 @@ type Stats struct {
 	// Overwritten counts this node's claims found overwritten by
 	// something that is no live generation's claim (and re-written).
 	Overwritten int64 `json:"overwritten"`
+	// Reads counts the directory reads this node's senders made to
+	// resolve an address's owner (a cache miss); concurrent misses of one
+	// address share one read.
+	Reads int64 `json:"reads"`
 }
 
 // Stats returns the counters. Safe for concurrent use.
 func (d *Directory) Stats() Stats {
-	return Stats{InvalidEntries: d.invalid.Load(), Overwritten: d.foreign.Load()}
+	return Stats{InvalidEntries: d.invalid.Load(), Overwritten: d.foreign.Load(), Reads: d.resolveReads.Load()}
 }
 
 // Open binds (or creates) the directory bucket and starts the claim
@@ -501,9 +516,7 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 		// directory its claim needs. Nothing is sent: resendable.
 		return subjects.NodeID{}, unavailable("read", nats.ErrDisconnected)
 	}
-	rctx, cancel := context.WithTimeout(ctx, ReadTimeout)
-	c, rev, err := d.read(rctx, addr)
-	cancel()
+	c, rev, err := d.readShared(ctx, addr)
 	if err != nil {
 		switch cerr := ctx.Err(); {
 		case errors.Is(cerr, context.Canceled):
@@ -529,6 +542,45 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 	return n, nil
 }
 
+// readResult is one coalesced read's outcome (readShared).
+type readResult struct {
+	c   Claim
+	rev uint64
+}
+
+// readShared reads addr's claim, sharing one read among the concurrent
+// callers that ask for the same address: after an owner departs, every
+// delivery to one of its addresses misses the cache at once, and they ask
+// the directory one question, not one each (issue 23). The read runs
+// apart from any one caller's context (bounded by ReadTimeout and the
+// directory's own lifetime), so a caller that gives up does not fail the
+// others; each caller waits for it under its own ctx, whose error it
+// returns if that ends first.
+func (d *Directory) readShared(ctx context.Context, addr subjects.Address) (Claim, uint64, error) {
+	ch := d.reads.DoChan(string(addr), func() (any, error) {
+		d.resolveReads.Add(1)
+		if d.readGate != nil {
+			<-d.readGate
+		}
+		rctx, cancel := context.WithTimeout(d.ctx, ReadTimeout)
+		defer cancel()
+		c, rev, err := d.read(rctx, addr)
+		return readResult{c, rev}, err
+	})
+	d.readWaiters.Add(1)
+	defer d.readWaiters.Add(-1)
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return Claim{}, 0, r.Err
+		}
+		v := r.Val.(readResult)
+		return v.c, v.rev, nil
+	case <-ctx.Done():
+		return Claim{}, 0, ctx.Err()
+	}
+}
+
 // Cached returns addr's owner if the cache holds it and that generation is
 // alive, without blocking and without reading the directory; Resolve answers
 // a miss. Safe for concurrent use.
@@ -552,9 +604,29 @@ func (d *Directory) Redirect(addr subjects.Address, owner subjects.NodeID) bool 
 	return true
 }
 
+// Learn records node as addr's owner if the cache holds no owner for addr
+// and node is alive: node accepted a delivery to addr, which it does only
+// while it holds addr's claim. A sender that placed an address (after its
+// owner departed, or a cold one) then reads the directory once for it, not
+// once per delivery until the new claim is read. An owner already cached
+// (a fresher redirect) is kept. Safe for concurrent use; never blocks.
+func (d *Directory) Learn(addr subjects.Address, node subjects.NodeID) {
+	if _, ok := d.cache.Load(addr); ok || node.IsZero() || !d.members.Alive(node) {
+		return
+	}
+	if _, loaded := d.cache.LoadOrStore(addr, node); !loaded {
+		d.cacheAdded(addr)
+	}
+}
+
 // Invalidate drops the cached owner of addr if it is node (mesh.Resolver).
 func (d *Directory) Invalidate(addr subjects.Address, node subjects.NodeID) {
 	d.cacheDrop(addr, node)
+	// A read of addr already in flight may predate the refusal that
+	// invalidates: the next Resolve starts a read of its own instead of
+	// joining it (a hostile review: a caller that asked after a claim was
+	// acknowledged got the shared read's pre-claim placement).
+	d.reads.Forget(string(addr))
 }
 
 // Place picks addr's node among candidates by rendezvous (highest random

@@ -208,9 +208,14 @@ func (h *claimHeap) Pop() any {
 // seven eighths of the size, so a pass is not run per entry. The cache may
 // pass its size by the number of goroutines storing at once.
 func (d *Directory) cacheSet(addr subjects.Address, owner subjects.NodeID) {
-	if _, loaded := d.cache.Swap(addr, owner); loaded {
-		return
+	if _, loaded := d.cache.Swap(addr, owner); !loaded {
+		d.cacheAdded(addr)
 	}
+}
+
+// cacheAdded counts a new cache entry for addr and keeps the bound
+// (cacheSet).
+func (d *Directory) cacheAdded(addr subjects.Address) {
 	if d.cacheLen.Add(1) <= int64(d.cfg.CacheSize) || !d.evicting.CompareAndSwap(false, true) {
 		return
 	}
@@ -452,6 +457,15 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 	switch {
 	case cur == rev && c.Owner == self:
 		// Still ours.
+	case cur != 0 && cur < rev:
+		// Older than the claim itself: a replica that lags answered
+		// (direct gets are served by any replica; a server just back
+		// from a partition answers from before it). A key's revisions
+		// only grow, so nothing written after our claim can read
+		// older: nothing to judge; the next round reads again. Before,
+		// such a read showed the address's previous owner and made the
+		// live owner stand down.
+		d.staleReads.Add(1)
 	case cur == 0:
 		// Lost (e.g. the bucket was lost): re-claim.
 		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})

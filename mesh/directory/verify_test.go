@@ -388,4 +388,23 @@ func TestVerifyStaleRead(t *testing.T) {
 	if still || !slices.Equal(lostOf(&mu, &lost), []subjects.Address{theirs}) {
 		t.Fatalf("a claim another live generation holds: still owned %v, lost %v", still, lostOf(&mu, &lost))
 	}
+	// A read older than the claim (a lagging replica, or one just back
+	// from a partition, still holding the previous owner's claim —
+	// alive or not): kept, no stand-down.
+	later := subjects.Address("echo/later")
+	if g, err := d.Claim(ctx, later); err != nil || g.Owner != a.Self().Node {
+		t.Fatalf("claim %s: %v %v", later, g, err)
+	}
+	d.mu.Lock()
+	hl := d.owned[later]
+	d.mu.Unlock()
+	for _, prev := range []subjects.NodeID{b.Self().Node, {Name: "gone", Generation: 1}} {
+		d.check(ctx, ownedClaim{later, hl.id, hl.rev}, Claim{Owner: prev}, hl.rev-1)
+	}
+	d.mu.Lock()
+	_, kept = d.owned[later]
+	d.mu.Unlock()
+	if !kept || len(lostOf(&mu, &lost)) != 1 || d.staleReads.Load() != 2 {
+		t.Fatalf("own claim after reads older than it: kept %v, lost %v, stale reads %d", kept, lostOf(&mu, &lost), d.staleReads.Load())
+	}
 }

@@ -76,8 +76,9 @@ func (m *Membership) expiry() {
 		}
 		m.mu.RUnlock()
 		for _, n := range silent {
-			if m.depart(n, Expired, time.Time{}, "heartbeat silent past the TTL while the registry took writes") {
-				m.remove(n)
+			const why = "heartbeat silent past the TTL while the registry took writes"
+			if m.depart(n, Expired, time.Time{}, why) {
+				m.remove(n, Expired, time.Time{}, why)
 			}
 		}
 	}
@@ -223,7 +224,7 @@ func (m *Membership) onAdvisory(msg *nats.Msg) {
 		return
 	}
 	if m.depart(v.Node, Disconnected, a.Time, a.Reason) {
-		m.remove(v.Node)
+		m.remove(v.Node, Disconnected, a.Time, a.Reason)
 	}
 }
 

@@ -142,6 +142,40 @@ type Member struct {
 	// Survivors take that generation's addresses over at once, without
 	// the fencing delay: a process that has exited runs no turns.
 	Supersedes uint64 `json:"supersedes,omitempty"`
+	// Removed is set by a survivor that judged this generation gone (a
+	// disconnect advisory proving it, or heartbeat silence past the TTL)
+	// in place of the entry (its tombstone), so that every other node
+	// records the departure as what it was, not as the generation's own
+	// leave, whichever notice reaches it first. An entry whose Removed is
+	// set names a departed generation; the next registration of the name
+	// replaces it, or the bucket's MaxAge backstop removes it.
+	Removed *Removal `json:"removed,omitempty"`
+}
+
+// Removal says why and by whom a departed generation's registry entry
+// was removed (Member.Removed).
+type Removal struct {
+	// How is the departure's event type by name ("disconnected",
+	// "expired").
+	How string `json:"how"`
+	// Reason is the advisory's reason or the expiry's explanation.
+	Reason string `json:"reason,omitempty"`
+	// At is when the departure happened, if known (the advisory's
+	// timestamp), else when it was judged.
+	At time.Time `json:"at"`
+	// By is the node generation that judged it.
+	By subjects.NodeID `json:"by"`
+}
+
+// event returns the departure type the removal records: Expired for a
+// name that is not a departure's (an entry written by another version).
+func (r *Removal) event() EventType {
+	for t := Left; int(t) < len(eventNames); t++ {
+		if eventNames[t] == r.How && t.Departed() {
+			return t
+		}
+	}
+	return Expired
 }
 
 // Hosts reports whether the member hosts kind.
@@ -233,6 +267,15 @@ type Config struct {
 	// generation of its name (a deliberate takeover). Without it Join
 	// returns ErrNameInUse before writing anything.
 	Replace bool
+	// Rejoin is the generation of this process that lost its
+	// registration (declared gone: frozen, partitioned) and whose
+	// activations the process has dropped: Join, without Replace, then
+	// supersedes that generation at once if it is still registered, and
+	// judges any other registered generation of the name as a new process
+	// would — one that still heartbeats is ErrNameInUse (a newer process
+	// took the name while this one was gone, and this one must stand
+	// down, not take the name back). Zero for a first join.
+	Rejoin subjects.NodeID
 	// Predecessors are generations of this node's name whose processes
 	// are proven to have exited: meshd recorded them in its data
 	// directory, and holding that directory's OS lock now proves the

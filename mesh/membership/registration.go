@@ -30,7 +30,11 @@ func (m *Membership) checkName(ctx context.Context) error {
 		return fmt.Errorf("membership: read registry: %w", err)
 	}
 	m.judged = first.Node
-	if firstRev == 0 {
+	if firstRev == 0 || first.Removed != nil {
+		return nil // free, or a departed generation a survivor is removing
+	}
+	if !m.cfg.Rejoin.IsZero() && first.Node == m.cfg.Rejoin {
+		m.cfg.Logger.Info("this process's own lost generation is still registered; superseding it", "generation", first.Node.String())
 		return nil
 	}
 	if m.proven(first.Node) {
@@ -57,6 +61,9 @@ func (m *Membership) checkName(ctx context.Context) error {
 		case rev == 0:
 			m.judged = subjects.NodeID{}
 			return nil // it left or was removed
+		case cur.Removed != nil:
+			m.judged = cur.Node
+			return nil // judged gone by a survivor, which is removing it
 		case cur.Node != first.Node || cur.Beat != first.Beat || rev != firstRev:
 			return fmt.Errorf("%w: %s is live (heartbeating); start with --replace to take its name over, or pick another name", ErrNameInUse, cur.Node)
 		}
@@ -156,7 +163,22 @@ func (m *Membership) ownWrite(rev uint64) bool {
 // write with the generation about to be written.
 func (m *Membership) register(ctx context.Context) error {
 	name := m.cfg.Name
-	for range 10 {
+	const attempts = 40
+	wait := 25 * time.Millisecond
+	for attempt := 1; attempt <= attempts; attempt++ {
+		if attempt > 1 {
+			// The last write met a newer revision than the read gave:
+			// another incarnation wrote meanwhile, or the read was
+			// answered by a replica that lags (a KV get is a direct get,
+			// which any replica serves; one just back from a partition
+			// answers from before it). Back off and read again.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("membership: register %q: %w", name, ctx.Err())
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, time.Second)
+		}
 		gen := uint64(time.Now().UnixNano())
 		var prev, supersedes uint64
 		e, err := m.kv.Get(ctx, name)
@@ -235,7 +257,7 @@ func (m *Membership) register(ctx context.Context) error {
 		m.wroteOwn(rev, start)
 		return nil
 	}
-	return fmt.Errorf("membership: register %q: too many concurrent registrations", name)
+	return fmt.Errorf("membership: register %q: the registry entry changed under each of %d writes (another process registering the name, or reads served by a lagging replica)", name, attempts)
 }
 
 // heartbeat refreshes the entry, every Heartbeat and at once after a
@@ -266,6 +288,9 @@ func (m *Membership) heartbeat() {
 			switch {
 			case gerr != nil:
 				// Cannot tell: try again next beat.
+			case rev != 0 && cur.Node == self.Node && cur.Removed != nil:
+				m.markLost(fmt.Sprintf("the registry says %s judged this generation gone (%s: %s)", cur.Removed.By, cur.Removed.How, cur.Removed.Reason))
+				return
 			case rev != 0 && (cur.Node == self.Node || !(cur.Node.Generation > self.Node.Generation && !AbsurdGeneration(cur.Node.Generation))):
 				// Still this generation's (the reply of our write was
 				// lost), or written by someone else without a newer
@@ -361,7 +386,7 @@ func (m *Membership) updateSelf(ctx context.Context, change func(*Member)) error
 		// stored revision if the entry is still ours.
 		cur, crev, gerr := m.readEntry(ctx, self.Node.Name)
 		switch {
-		case gerr == nil && crev != 0 && cur.Node == self.Node:
+		case gerr == nil && crev != 0 && cur.Node == self.Node && cur.Removed == nil:
 			nrev, err = m.kv.Update(ctx, self.Node.Name, b, crev)
 		case gerr == nil:
 			// Removed, or another generation's: this one was declared

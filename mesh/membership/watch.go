@@ -77,6 +77,12 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			// delivers in stream order, so every earlier write was seen).
 			m.clock.wrote()
 		}
+		if v.Removed != nil {
+			// A survivor's removal: the departure it judged, told to
+			// every node before the entry is deleted.
+			m.depart(v.Node, v.Removed.event(), v.Removed.At, v.Removed.Reason)
+			break
+		}
 		now := m.clock.now()
 		m.mu.Lock()
 		old, had := m.live[name]
@@ -142,22 +148,35 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 	}
 }
 
-// remove deletes node's registry entry if it still names node (revision
-// check), so every node converges and the departed process, should it come
-// back, finds itself gone.
-func (m *Membership) remove(node subjects.NodeID) {
+// remove marks node's registry entry Removed with the departure it judged
+// (t, since, reason) if it still names node (revision check), so every node
+// converges and the departed process, should it come back, finds itself
+// gone. The mark is not followed by a delete: the registry keeps one
+// revision per key (History 1), so a delete right behind it could replace
+// the mark before a watcher was sent it, and a node still waiting for its
+// own notice would read the delete as the generation's leave. The marked
+// entry is the departed generation's tombstone: every reader treats it as
+// gone; the next registration of the name replaces it, or the bucket's
+// MaxAge backstop removes it. A survivor that finds it marked already
+// writes nothing.
+func (m *Membership) remove(node subjects.NodeID, t EventType, since time.Time, reason string) {
 	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
 	defer cancel()
-	for range 3 { // a heartbeat of node may land between the read and the delete
+	if since.IsZero() {
+		since = time.Now()
+	}
+	for range 3 { // a heartbeat of node may land between the read and the write
 		e, err := m.kv.Get(ctx, node.Name)
 		if err != nil {
 			return
 		}
 		var v Member
-		if json.Unmarshal(e.Value(), &v) != nil || v.Node != node {
+		if json.Unmarshal(e.Value(), &v) != nil || v.Node != node || v.Removed != nil {
 			return
 		}
-		if err := m.kv.Delete(ctx, node.Name, jetstream.LastRevision(e.Revision())); !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		v.Removed = &Removal{How: t.String(), Reason: reason, At: since.UTC(), By: m.Self().Node}
+		b, _ := json.Marshal(v)
+		if _, err := m.kv.Update(ctx, node.Name, b, e.Revision()); !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return
 		}
 	}

@@ -25,6 +25,7 @@ import (
 // it stores the fire, purges the whole schedule subject (Nats-Schedule-Next:
 // purge) — a Set B stored between the two is purged with it.
 func TestReminderPurgeRaceSetAtDueInstantPurgedWithReplacedFire(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	ctx := context.Background()
 	st1, err := Open(ctx, Config{Conn: natstest.Connect(t, s)})
@@ -118,6 +119,7 @@ func TestReminderPurgeRaceSetAtDueInstantPurgedWithReplacedFire(t *testing.T) {
 // ErrInvalidReminder and nothing is written; nothing stays in the stream
 // forever; a failed Set leaves the reminder it would have replaced.
 func TestReminderPurgeRaceServerRefusedCronLeavesIncarnationForever(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	const addr = "timer/cron"
@@ -163,6 +165,7 @@ func TestReminderPurgeRaceServerRefusedCronLeavesIncarnationForever(t *testing.T
 // (it fires at once), on many names at once. The second Set returned nil
 // after the first, so it is the reminder, and it must fire.
 func TestReminderPurgeRaceBackToBackPastDueSetsSecondNeverFires(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	b := &byName{}
@@ -215,6 +218,7 @@ func TestReminderPurgeRaceBackToBackPastDueSetsSecondNeverFires(t *testing.T) {
 // its Cancel returned nil, Get must say ErrNotFound after it, and nothing
 // may be left without a TTL.
 func TestReminderPurgeRaceCancelAtDueInstant(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	ctx := context.Background()
 	st1, err := Open(ctx, Config{Conn: natstest.Connect(t, s)})
@@ -303,6 +307,7 @@ func TestReminderPurgeRaceCancelAtDueInstant(t *testing.T) {
 // its Cancel did not is what Get shows and fires; a Set that lost
 // (ErrConcurrent) left nothing; both cannot lose.
 func TestReminderPurgeRaceCancelFailureOnlyRacingSet(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	ctx := context.Background()
 	st1, err := Open(ctx, Config{Conn: natstest.Connect(t, s)})

@@ -110,6 +110,7 @@ func (b *byName) get(name string) map[string]int {
 // then Set B's schedule leave schedule B with incarnation C: B's fire is
 // dropped as not current and nothing is ever delivered.
 func TestBreakConcurrentSetsOneShotNeverFires(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	b := &byName{}
@@ -171,6 +172,7 @@ func TestBreakConcurrentSetsOneShotNeverFires(t *testing.T) {
 // Get afterwards says whether the reminder exists — and if it shows the
 // new one-shot, that one-shot must fire.
 func TestBreakCancelRacingSetShownButNeverFires(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	b := &byName{}
@@ -286,6 +288,7 @@ func legacySet(t *testing.T, js jetstream.JetStream, addr subjects.Address, name
 // never be delivered (DESIGN §13: a Cancel drops the fires of the old
 // incarnation not yet delivered).
 func TestBreakLegacyFireDeliveredAfterCancelAndNewOneShot(t *testing.T) {
+	t.Parallel()
 	for _, cancel := range []bool{true, false} {
 		t.Run(fmt.Sprintf("cancel=%v", cancel), func(t *testing.T) {
 			t.Parallel()
@@ -328,6 +331,7 @@ func TestBreakLegacyFireDeliveredAfterCancelAndNewOneShot(t *testing.T) {
 // which is delivered: nothing of the reminder is left, yet Get and List
 // bring the replaced one-shot back from its old failure record.
 func TestBreakLegacyFailureRecordResurrectedAfterNewOneShot(t *testing.T) {
+	t.Parallel()
 	nc, js := legacyStream(t)
 	ctx := context.Background()
 	const addr, name = "timer/legacy", "wake"
@@ -367,6 +371,7 @@ func TestBreakLegacyFailureRecordResurrectedAfterNewOneShot(t *testing.T) {
 // A repeating reminder whose fire found no placement for a while, then
 // was delivered: Get must not go on saying a fire is being retried.
 func TestBreakEveryNoPlacementThenDeliveredStillRetrying(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -400,6 +405,7 @@ func TestBreakEveryNoPlacementThenDeliveredStillRetrying(t *testing.T) {
 // cancelled, every subject left in the stream must expire (a tombstone or
 // record with Nats-TTL), or belong to a live reminder.
 func TestBreakNoSubjectLeftForever(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	oc := &outcomes{}
@@ -469,6 +475,7 @@ func TestBreakNoSubjectLeftForever(t *testing.T) {
 // cancelled at random. A fire of an incarnation that a Set or Cancel had
 // ended before the fire's attempt started must never be delivered.
 func TestBreakTwoRunnersChurnNoStaleDelivery(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	ctx := context.Background()
 	var stores []*Store

@@ -95,6 +95,7 @@ func pending(t *testing.T, st *Store) (fires, schedules int) {
 }
 
 func TestReminderOneShotFiresOnceAtItsTime(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	rec := &recorder{}
 	run(t, st, rec, nil)
@@ -133,6 +134,7 @@ func TestReminderOneShotFiresOnceAtItsTime(t *testing.T) {
 }
 
 func TestReminderEveryFiresRepeatedly(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	rec := &recorder{}
 	run(t, st, rec, nil)
@@ -157,6 +159,7 @@ func TestReminderEveryFiresRepeatedly(t *testing.T) {
 }
 
 func TestReminderCancelStopsItAndDropsWaitingFires(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	if _, err := st.Set(ctx, Reminder{Address: "timer/c", Name: "beat", Schedule: Every(time.Second)}); err != nil {
@@ -203,6 +206,7 @@ func TestReminderCancelStopsItAndDropsWaitingFires(t *testing.T) {
 }
 
 func TestReminderSetReplacesAndListShowsIt(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	at := time.Now().Add(time.Hour).Truncate(time.Millisecond)
@@ -248,6 +252,7 @@ func TestReminderSetReplacesAndListShowsIt(t *testing.T) {
 }
 
 func TestReminderInvalid(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	for _, tc := range []struct {
 		name string
@@ -282,6 +287,7 @@ func TestReminderInvalid(t *testing.T) {
 // A fire whose delivery fails transiently is redelivered with the same ID
 // and handled once; one that fails for good is recorded, not retried.
 func TestReminderRetriedWithItsIDThenRecordedWhenHopeless(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -327,6 +333,7 @@ func TestReminderRetriedWithItsIDThenRecordedWhenHopeless(t *testing.T) {
 }
 
 func TestReminderRecordedFailureShowsInGet(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	rec := &recorder{fail: func(Fire) error { return verdict.New(verdict.ReasonUnknownKind, "no such kind") }}
@@ -347,6 +354,7 @@ func TestReminderRecordedFailureShowsInGet(t *testing.T) {
 // Many reminders due at once each fire once, shared by two runners (two
 // nodes' connections). Lateness is logged: see BENCHMARKS.md.
 func TestReminderManyFireOnceEach(t *testing.T) {
+	t.Parallel()
 	const n = 1000
 	s := natstest.RunServer(t)
 	ctx := context.Background()
@@ -414,6 +422,7 @@ func TestReminderManyFireOnceEach(t *testing.T) {
 // TestFireIDGolden pins the fire ID derivation of docs/protocol.md §8d for
 // other implementations (checked there with sha256sum).
 func TestFireIDGolden(t *testing.T) {
+	t.Parallel()
 	if got := FireID("timer/a", "wake", "inc", "2026-01-01T09:00:00.000Z"); got != "rem-20ee50c7fe02c3b2834d3239b703b374" {
 		t.Fatalf("FireID = %s", got)
 	}
@@ -424,6 +433,7 @@ func TestFireIDGolden(t *testing.T) {
 // it when it fired) with its pending fire and the recorded no-placement
 // failure; Cancel drops the pending fire.
 func TestReminderNoPlacementFireListedAndCancellable(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	rec := &recorder{fail: func(Fire) error { return fmt.Errorf("after the placement wait: %w", verdict.ErrNoPlacement) }}
@@ -464,6 +474,7 @@ func TestReminderNoPlacementFireListedAndCancellable(t *testing.T) {
 // A one-shot whose fire failed hopelessly is listed with its failure
 // (nothing else is left of it), and Cancel clears it.
 func TestReminderOneShotFailureListed(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	rec := &recorder{fail: func(Fire) error { return verdict.New(verdict.ReasonHandlerError, "handler broke") }}

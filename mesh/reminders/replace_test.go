@@ -59,6 +59,7 @@ func delivered(rec *recorder) []string {
 // replacement meanwhile. Each shape runs several times, with the
 // replacement due at different offsets.
 func TestReminderReplacedOneShotFireNeverDelivered(t *testing.T) {
+	t.Parallel()
 	replacements := []struct {
 		name   string
 		cancel bool // Cancel before the Set
@@ -181,6 +182,7 @@ func (s stringer) String() string { return s() }
 // delivered again under a fresh check (its ID would dedupe it at the
 // intake too, but only within the dedupe window).
 func TestReminderOneShotRedeliveredAfterDeliveryDropped(t *testing.T) {
+	t.Parallel()
 	st := open(t)
 	ctx := context.Background()
 	rec := &recorder{}
@@ -220,6 +222,7 @@ func TestReminderOneShotRedeliveredAfterDeliveryDropped(t *testing.T) {
 // An earlier version's stream (three subject families) gains the
 // incarnation subjects when a store opens it, and keeps what it held.
 func TestReminderStreamUpgradedInPlace(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	ctx := context.Background()
@@ -266,6 +269,7 @@ func mustPattern(t *testing.T, s Schedule) string {
 // A nil store (what mesh.Node.Reminders returns without membership) says
 // so, instead of panicking.
 func TestReminderNilStore(t *testing.T) {
+	t.Parallel()
 	var st *Store
 	ctx := context.Background()
 	if _, err := st.Set(ctx, Reminder{Address: "a/1", Name: "n", Schedule: Every(time.Second)}); !errors.Is(err, ErrNoStore) {
