@@ -30,6 +30,9 @@ type Cluster struct {
 	t       testing.TB
 	bin     string
 	servers []*ClusterServer
+	// logDir, when set (KeepLogs), receives each server start's log.
+	logDir string
+	starts map[int]int // server index → starts so far, to name its logs
 }
 
 // ClusterServer is one server of a Cluster. Its embedded *NATSServer is
@@ -277,6 +280,7 @@ func (c *Cluster) tryStart(i int) error {
 	s := c.servers[i]
 	p := Start(c.t, c.bin, "-c", s.ConfigFile)
 	s.NATSServer = &NATSServer{Process: p, URL: fmt.Sprintf("nats://127.0.0.1:%d", s.ClientPort)}
+	c.keepLog(i, p)
 	addr := fmt.Sprintf("127.0.0.1:%d", s.ClientPort)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -388,6 +392,34 @@ func (c *Cluster) Index(name string) int {
 		}
 	}
 	return -1
+}
+
+// KeepLogs makes every server of c, from now on, leave its log (what the
+// server printed: nats-server logs to stderr) in dir when the test ends, one
+// file per start: <server>.<start>.log, the running ones included. A
+// long run that stalls in JetStream can then be read afterwards. dir must
+// exist; a log whose dir is gone by then (a run that removed it on
+// success) is not written. Not safe for concurrent use with Restart.
+func (c *Cluster) KeepLogs(dir string) {
+	c.logDir = dir
+	for i, s := range c.servers {
+		if s.NATSServer != nil {
+			c.keepLog(i, s.Process)
+		}
+	}
+}
+
+// keepLog registers the writing of server i's log p at the end of the
+// test, if c keeps logs.
+func (c *Cluster) keepLog(i int, p *Process) {
+	if c.logDir == "" {
+		return
+	}
+	if c.starts == nil {
+		c.starts = map[int]int{}
+	}
+	c.starts[i]++
+	keepProcessLog(c.t, p, filepath.Join(c.logDir, fmt.Sprintf("%s.%d.log", c.servers[i].Name, c.starts[i])))
 }
 
 // Kill sends SIGKILL to server i and waits for it to exit.

@@ -8,7 +8,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -188,6 +190,22 @@ func Start(t testing.TB, bin string, args ...string) *Process {
 		}
 	})
 	return p
+}
+
+// keepProcessLog writes what p printed (stderr, then stdout if any) to
+// path when the test ends (a process still running then: what it printed
+// so far; Start's cleanup kills it after this one). It writes nothing if
+// path's directory is gone by then.
+func keepProcessLog(t testing.TB, p *Process, path string) {
+	t.Cleanup(func() {
+		out := p.Stderr()
+		if o := p.Stdout(); o != "" {
+			out += "\n--- stdout ---\n" + o
+		}
+		if err := os.WriteFile(path, []byte(out), 0o644); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Logf("log of %s not kept: %v", filepath.Base(path), err)
+		}
+	})
 }
 
 // WaitLine waits for an output line matching re and returns its submatches.

@@ -213,6 +213,19 @@ func runNemesis(t *testing.T, cfg nemesisConfig, bin string) (*nemesisRun, *neme
 	c.WaitReady(t)
 	now := time.Now().UnixNano()
 	n := &nemesisRun{t: t, c: c, rec: nemesis.NewRecorder(cfg.seed, now), start: now, bin: bin, idle: cfg.idle}
+	// Every server's and node's log, kept with the history (written when
+	// the test ends; gone with the directory when a run in a temporary
+	// one passes): a run that stalls before its checks can be read.
+	n.logDir = filepath.Join(cfg.out, "logs")
+	if err := os.MkdirAll(n.logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c.KeepLogs(n.logDir)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("server and node logs: %s", n.logDir)
+		}
+	})
 	// The sender traces its deliveries into the history: one leg per
 	// attempt (legRecorder), for timeout-not-resent.
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(legRecorder{n.rec}))
@@ -300,6 +313,9 @@ type nemesisRun struct {
 	nodes  []*nemesisNode
 	bin    string // the testnode binary; empty: Build's
 	idle   time.Duration
+	// logDir, when set, receives every node process's and server start's
+	// log at the end of the test (Cluster.KeepLogs, keepProcessLog).
+	logDir string
 }
 
 func (n *nemesisRun) startNode(nd *nemesisNode) {
@@ -311,6 +327,9 @@ func (n *nemesisRun) startNode(nd *nemesisNode) {
 		"--ttl", membership.DefaultTTL.String(), "--heartbeat", membership.DefaultHeartbeat.String(),
 		"--idle-timeout", n.idle.String())
 	nd.procs = append(nd.procs, nd.proc)
+	if n.logDir != "" {
+		keepProcessLog(n.t, nd.proc.Process, filepath.Join(n.logDir, fmt.Sprintf("%s.%d.log", nd.name, len(nd.procs))))
+	}
 }
 
 // waitHosting waits until every node is live, hosting both nemesis kinds,

@@ -110,7 +110,11 @@ type Client struct {
 	moving atomic.Pointer[chan struct{}] // while MoveConnection runs: closed when it ends (move.go)
 
 	idMu       sync.Mutex
-	answerSubs []*nats.Subscription // the current identity's answer subscription (older ones end after a grace: bindIdentity)
+	answerSubs []*nats.Subscription // the current identity's answer subscription
+	// retiring holds earlier identities' answer subscriptions, each with
+	// the timer that ends it after its grace (bindIdentity); Close ends
+	// them at once. Guarded by idMu.
+	retiring map[*nats.Subscription]*time.Timer
 	status     chan nats.Status
 	statusDone chan struct{}
 	closing    atomic.Bool
@@ -205,8 +209,8 @@ func (c *Client) answerTo() string { return c.id.Load().answerTo }
 // subscribes node's answer subject and names it in every leg sent from now
 // on. The previous answer subjects stay subscribed for a grace of the
 // request timeout plus the leg timeout, so answers to deliveries sent
-// before still arrive. Errors are the subscribe error. Safe for concurrent
-// use.
+// before still arrive; Close ends them at once. Errors are the subscribe
+// error. Safe for concurrent use.
 func (c *Client) bindIdentity(node subjects.NodeID) error {
 	c.idMu.Lock()
 	defer c.idMu.Unlock()
@@ -222,8 +226,19 @@ func (c *Client) bindIdentity(node subjects.NodeID) error {
 		return fmt.Errorf("mesh: subscribe answers: %w", err)
 	}
 	_ = sub.SetPendingLimits(-1, -1)
+	if c.retiring == nil {
+		c.retiring = map[*nats.Subscription]*time.Timer{}
+	}
 	for _, old := range c.answerSubs {
-		time.AfterFunc(c.opts.requestTimeout+c.opts.legTimeout, func() { _ = old.Unsubscribe() })
+		c.retiring[old] = time.AfterFunc(c.opts.requestTimeout+c.opts.legTimeout, func() {
+			c.idMu.Lock()
+			_, mine := c.retiring[old] // Close may have ended it first
+			delete(c.retiring, old)
+			c.idMu.Unlock()
+			if mine {
+				_ = old.Unsubscribe()
+			}
+		})
 	}
 	c.answerSubs = append(c.answerSubs[:0], sub)
 	c.id.Store(&identity{node: node, answerTo: to})
@@ -480,6 +495,11 @@ func (c *Client) Close() {
 			_ = sub.Unsubscribe()
 		}
 		c.answerSubs = nil
+		for sub, tm := range c.retiring {
+			tm.Stop()
+			_ = sub.Unsubscribe()
+		}
+		c.retiring = nil
 		c.idMu.Unlock()
 		c.replies.stop()
 		c.cfg.Conn.RemoveStatusListener(c.status)

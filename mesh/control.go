@@ -203,8 +203,9 @@ func (n *Node) Status() NodeStatus {
 	kinds := n.kindNames()
 	slices.Sort(kinds)
 	hs := n.hostStats()
+	id := n.ID() // one read: a rejoin between two would mix generations
 	return NodeStatus{
-		Node: n.ID().String(), Name: n.cfg.Name, Generation: n.ID().Generation,
+		Node: id.String(), Name: n.cfg.Name, Generation: id.Generation,
 		Prefix: string(n.prefix), Version: Version, Build: buildinfo.Read().Short(), Started: n.started, Kinds: kinds,
 		Draining: n.draining.Load(), Host: hs, Client: n.Client.Stats(),
 		Saturation: n.Client.Saturation(), Ingress: n.ingressCount.Load(), IngressRefused: n.badReplies.Load(), IngressInboxRefused: n.inboxReplies.Load(), IngressNodeOnly: n.refusedNodeOnly.Load(),
@@ -230,10 +231,11 @@ func (n *Node) Hubs() HubsReport {
 	kinds := n.kindNames()
 	slices.Sort(kinds)
 	var addrs []subjects.Address
-	if h := n.Host(); h != nil {
-		addrs = h.Addresses()
+	sess := n.Session() // the addresses and the generation they are listed under, of one session
+	if sess.Host != nil {
+		addrs = sess.Host.Addresses()
 	}
-	r := HubsReport{Node: n.ID().String(), Kinds: kinds, Activations: len(addrs)}
+	r := HubsReport{Node: sess.ID.String(), Kinds: kinds, Activations: len(addrs)}
 	slices.Sort(addrs)
 	if len(addrs) > MaxListed {
 		addrs, r.Truncated = addrs[:MaxListed], true
@@ -254,11 +256,12 @@ func (n *Node) serveControl() error {
 	if n.svcStopped {
 		return nil
 	}
-	svc, err := newControlService(n.conn, n.safeReply, Version, "natsmesh node "+n.ID().String(), map[string]string{
-		MetaNode:     n.ID().String(),
+	id := n.ID() // one read: the metadata names one generation
+	svc, err := newControlService(n.conn, n.safeReply, Version, "natsmesh node "+id.String(), map[string]string{
+		MetaNode:     id.String(),
 		MetaPrefix:   string(n.prefix),
 		"name":       n.cfg.Name,
-		"generation": strconv.FormatUint(n.ID().Generation, 10),
+		"generation": strconv.FormatUint(id.Generation, 10),
 	})
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -94,31 +95,28 @@ func (n *Node) drain(ctx context.Context) error {
 	if cur := n.current(); cur != inc && cur != nil {
 		// A rejoin finished during the drain: that generation never
 		// served what the drain settled; close it.
-		cur.close()
-	}
-	if inc != nil && inc.members != nil {
-		inc.stopEv()
-		inc.dir.Close()
-		// Every answer of what this node accepted was published while
-		// it settled; let them reach their senders before the departure
-		// does (a sender fails awaited answers at once when the owner
-		// leaves, and the two travel different paths).
-		_ = n.conn.FlushTimeout(answersGrace)
-		select {
-		case <-ctx.Done():
-		case <-time.After(answersGrace):
-		}
-		lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
-		if lerr := inc.members.Leave(lctx); lerr != nil {
-			n.log.Warn("leave membership", "err", lerr)
-		}
-		lcancel()
+		cur.close(nil)
+		cur.retire()
 	}
 	if inc != nil {
-		// The drained host kept its subscription, answering duplicates
-		// of what it accepted from its dedupe window until now (the
-		// generation has left: senders re-resolve).
-		inc.host.Close()
+		inc.close(func(m *membership.Membership) {
+			// Every answer of what this node accepted was published
+			// while it settled; let them reach their senders before
+			// the departure does (a sender fails awaited answers at
+			// once when the owner leaves, and the two travel
+			// different paths).
+			_ = n.conn.FlushTimeout(answersGrace)
+			select {
+			case <-ctx.Done():
+			case <-time.After(answersGrace):
+			}
+			lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
+			defer lcancel()
+			if lerr := m.Leave(lctx); lerr != nil {
+				n.log.Warn("leave membership", "err", lerr)
+			}
+		})
+		inc.retire()
 	}
 	n.Client.Close()
 	n.stopServing() // the control service reports "draining" until here
@@ -142,7 +140,8 @@ func (n *Node) Close() error {
 	n.cancel()
 	n.wg.Wait()
 	if inc := n.current(); inc != nil {
-		inc.close()
+		inc.close(nil)
+		inc.retire()
 	}
 	n.Client.Close()
 	n.ingressWG.Wait()

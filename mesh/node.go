@@ -314,7 +314,8 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 		if err != nil {
 			return nil, err
 		}
-		n.inc = &session{id: id, host: h}
+		n.inc = newSession()
+		n.inc.id, n.inc.host = id, h
 	}
 	return n, nil
 }
@@ -364,6 +365,34 @@ func (n *Node) current() *session {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	return n.inc
+}
+
+// Session is one snapshot of the node's current generation (DESIGN §1): its
+// identity, its receiving side and its membership view, read together, so
+// that a rejoin between separate reads cannot mix two generations. Done is
+// closed once the node has moved on — to its next generation after a
+// rejoin (once that one is installed: Node.Session then returns it), or
+// for good (Close, Drain): whatever was armed on this snapshot re-arms on a
+// new one then, with no polling. A node without a session (before Start
+// with membership) gives a zero ID, a nil Host and a closed Done.
+type Session struct {
+	ID      subjects.NodeID
+	Host    *hub.Host
+	Members *membership.Membership // nil without membership
+	Done    <-chan struct{}
+}
+
+// closedChan is the Done of no session.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Session returns a snapshot of the node's current generation. Safe for
+// concurrent use; it does not block.
+func (n *Node) Session() Session {
+	inc := n.current()
+	if inc == nil {
+		return Session{Done: closedChan}
+	}
+	return Session{ID: inc.id, Host: inc.host, Members: inc.members, Done: inc.done}
 }
 
 // ID returns the node's current generation (zero before Start with

@@ -24,8 +24,8 @@ import (
 // Node.restartControl) the control service whose metadata names the
 // generation. A rejoin ends one session (close) and starts the next
 // (join); the node reads the current one through Node.current and caches
-// none of its parts. Subscriber activations re-arm on the next session
-// themselves (package syncstream).
+// none of its parts. Consumers take one snapshot of it (Node.Session) and
+// re-arm when its done channel closes (package syncstream).
 // The node's client is node-wide (its lanes and flights outlive a rejoin),
 // but its identity and answer subject are the session's: join binds them
 // (Client.bindIdentity).
@@ -39,17 +39,51 @@ type session struct {
 	// registered, then each SetKinds of Node.applyKinds); guarded by the
 	// node's kindsMu.
 	announced []string
+
+	closeOnce sync.Once
+	// done is closed by retire: the node moved on to the next session
+	// (a rejoin, once it is installed) or stopped (Close, Drain).
+	done      chan struct{}
+	retireOne sync.Once
 }
 
-// close ends the session: its host (the queue fails late ShuttingDown),
-// its watcher, its directory handle and its registration (left to expire).
-func (inc *session) close() {
-	inc.host.Close()
-	if inc.members != nil {
-		inc.stopEv()
-		inc.dir.Close()
-		inc.members.Close()
-	}
+func newSession() *session { return &session{done: make(chan struct{})} }
+
+// retire closes done once: consumers holding this session re-arm on the
+// node's current one. Called after the next session is installed, or when
+// the node stops.
+func (inc *session) retire() { inc.retireOne.Do(func() { close(inc.done) }) }
+
+// close ends the session, once, for every path that ends one: Close and a
+// fenced generation (leave nil), a failed join (the parts it got), Drain
+// (leave is its graceful leave). Without leave the host closes first: its
+// queue fails late ShuttingDown and its activations release their claims
+// while the directory is still open; the registration is left to expire.
+// With leave (the host already drained, its claims released) the
+// registration is deleted through leave, and the host closes last: until
+// the generation has left it answers duplicates of what it accepted from
+// its dedupe window.
+func (inc *session) close(leave func(*membership.Membership)) {
+	inc.closeOnce.Do(func() {
+		if leave == nil && inc.host != nil {
+			inc.host.Close()
+		}
+		if inc.stopEv != nil {
+			inc.stopEv()
+		}
+		if inc.dir != nil {
+			inc.dir.Close()
+		}
+		if inc.members != nil {
+			if leave != nil {
+				leave(inc.members)
+			}
+			inc.members.Close()
+		}
+		if leave != nil && inc.host != nil {
+			inc.host.Close()
+		}
+	})
 }
 
 // join starts a new generation: it subscribes the generation's delivery
@@ -66,12 +100,13 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 	if err := n.openReminders(ctx); err != nil {
 		return nil, err
 	}
-	inc := &session{}
+	inc := newSession()
 	claims := &lateClaims{}
 	// The host exists before the membership does (join order): until
 	// Join returns it is fenced.
 	var mmu sync.Mutex
 	var members *membership.Membership
+	joined := make(chan struct{}) // closed once members is set
 	current := func() *membership.Membership {
 		mmu.Lock()
 		defer mmu.Unlock()
@@ -96,16 +131,12 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 		return nil
 	}
 	await := func(ctx context.Context) error {
-		for {
-			if m := current(); m != nil {
-				return m.WaitConfirmed(ctx)
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(10 * time.Millisecond):
-			}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-joined:
 		}
+		return current().WaitConfirmed(ctx)
 	}
 	inc.announced = n.kindNames()
 	m, err := membership.Join(ctx, membership.Config{
@@ -153,6 +184,7 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 	mmu.Lock()
 	members = m
 	mmu.Unlock()
+	close(joined)
 	inc.members = m
 	dir, err := directory.Open(ctx, directory.Config{
 		Conn: n.conn, Members: m, Prefix: n.prefix, Replicas: mc.Replicas, PlacementCluster: mc.PlacementCluster, VerifyInterval: mc.VerifyInterval,
@@ -164,8 +196,7 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 		},
 	})
 	if err != nil {
-		inc.host.Close()
-		m.Close()
+		inc.close(nil) // the host and the registration: all it got
 		return nil, fmt.Errorf("mesh: directory: %w", err)
 	}
 	inc.dir = dir
@@ -269,14 +300,14 @@ func (n *Node) fencing() {
 		if inc.members.Superseded() {
 			n.superseded.Add(1)
 			n.log.Error("a newer generation of this node's name registered: this process stands down", "generation", inc.id.String())
-			inc.close()
+			inc.close(nil)
 			if f := n.cfg.OnFatal; f != nil {
 				f(fmt.Errorf("mesh: generation %s superseded by a newer incarnation of %q", inc.id, inc.id.Name))
 			}
 			return
 		}
 		n.log.Warn("generation declared gone: dropping its activations and rejoining", "generation", inc.id.String())
-		inc.close()
+		inc.close(nil)
 		for n.ctx.Err() == nil {
 			ctx, cancel := context.WithTimeout(n.ctx, DefaultStartTimeout)
 			next, err := n.join(ctx, inc.id)
@@ -300,6 +331,7 @@ func (n *Node) fencing() {
 				n.installKinds()
 				n.rejoins.Add(1)
 				n.restartControl() // its metadata names the new generation
+				inc.retire()       // its consumers re-arm on next
 				break
 			}
 			n.log.Warn("rejoin failed; retrying", "err", err)

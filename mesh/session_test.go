@@ -95,6 +95,15 @@ func TestRejoinStartsNewSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	old, oldHost := n.ID(), n.Host()
+	sess := n.Session()
+	if sess.ID != old || sess.Host != oldHost || sess.Members != n.Members() {
+		t.Fatalf("the session snapshot %+v does not match the node's %s", sess, old)
+	}
+	select {
+	case <-sess.Done:
+		t.Fatal("the current session's Done is closed")
+	default:
+	}
 	if got := n.Client.Identity(); got != old {
 		t.Errorf("the client sends as %s, the session is %s", got, old)
 	}
@@ -106,7 +115,22 @@ func TestRejoinStartsNewSession(t *testing.T) {
 	if err := kv.Delete(context.Background(), old.Name); err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 10*time.Second, func() bool { return n.ID() != old && n.Host() != oldHost }, "a new session")
+	select {
+	case <-sess.Done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old session's Done did not close after the rejoin")
+	}
+	// Done closes once the next session is installed: a consumer woken by
+	// it re-arms on the new generation, never on the old one again.
+	next := n.Session()
+	if next.ID == old || next.Host == oldHost || next.Host == nil {
+		t.Fatalf("when the old session's Done closed the node's session was %+v (old %s)", next, old)
+	}
+	select {
+	case <-next.Done:
+		t.Fatal("the new session's Done is closed")
+	default:
+	}
 	if oldHost.Stats().Activations != 0 {
 		t.Errorf("the old session still holds %d activations", oldHost.Stats().Activations)
 	}
@@ -216,4 +240,69 @@ func TestOneLivenessStore(t *testing.T) {
 		t.Fatalf("the client keeps %d departure marks of its own", marks)
 	}
 	natstest.Eventually(t, 10*time.Second, func() bool { return !a.Gone(gone) }, "the departure forgotten after the fencing delay")
+}
+
+// TestSessionDoneWhenTheNodeStops: Close (and Drain) end the current
+// session's Done, so nothing armed on it waits for a rejoin that never
+// comes; a node without a session gives a closed Done.
+func TestSessionDoneWhenTheNodeStops(t *testing.T) {
+	s := natstest.RunServer(t)
+	for _, how := range []string{"close", "drain"} {
+		t.Run(how, func(t *testing.T) {
+			n, _ := clusterNode(t, s, "stop-"+how, newRecorder())
+			sess := n.Session()
+			if how == "close" {
+				n.Close()
+			} else {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := n.Drain(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case <-sess.Done:
+			default:
+				t.Fatalf("after %s the session's Done is open", how)
+			}
+		})
+	}
+	n, err := NewNode(NodeConfig{Conn: natstest.Connect(t, s), Name: "unstarted", Membership: &fastMembership})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sess := n.Session(); sess.Host != nil || !sess.ID.IsZero() {
+		t.Errorf("before Start: %+v", sess)
+	} else {
+		select {
+		case <-sess.Done:
+		default:
+			t.Error("before Start the session's Done is open")
+		}
+	}
+}
+
+// TestAnswerSubscriptionsEndWithClose: the answer subscriptions of a
+// client's earlier identities (kept for a grace after a rejoin) end with
+// Close, not when their grace timer fires later.
+func TestAnswerSubscriptionsEndWithClose(t *testing.T) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	base := nc.NumSubscriptions()
+	c, err := NewClient(Config{Conn: nc, Resolver: StaticResolver{Node: subjects.NodeID{Name: "x", Generation: 1}}, Identity: subjects.NodeID{Name: "me", Generation: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for gen := uint64(2); gen <= 4; gen++ {
+		if err := c.bindIdentity(subjects.NodeID{Name: "me", Generation: gen}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := nc.NumSubscriptions(); got < base+2 {
+		t.Fatalf("%d subscriptions after three rebinds (base %d): the earlier answer subjects should stay for their grace", got, base)
+	}
+	c.Close()
+	if got := nc.NumSubscriptions(); got != base {
+		t.Errorf("%d subscriptions after Close, want %d: earlier identities' answer subscriptions outlive the client", got, base)
+	}
 }

@@ -8,7 +8,9 @@
 # history checker of internal/nemesis. The same seed replays the same
 # schedule. Exits non-zero when any check fails; the history (and the
 # Porcupine visualization of a non-linearizable kv address) is left in
-# OUTDIR, or in a temporary directory the failure names.
+# OUTDIR, or in a temporary directory the failure names, with every NATS
+# server's and node process's log in its logs/ folder, one file a start
+# (e.g. logs/mesh-0.2.log: server mesh-0's second start).
 #
 # Usage: scripts/chaos.sh SEED DURATION [OUTDIR]
 #   SEED      an unsigned integer (CI runs 2104 for 44s)

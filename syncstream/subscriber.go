@@ -73,9 +73,11 @@ type Subscription struct {
 	stopOnce, closeOnce          sync.Once
 	wg                           sync.WaitGroup
 
-	// The session the subscriber address is armed on (guarded by mu).
-	gen     subjects.NodeID
-	host    *hub.Host
+	// The session the subscriber address is armed on (guarded by mu):
+	// sessDone closes when the node moved on from it (mesh.Session).
+	gen      subjects.NodeID
+	sessDone <-chan struct{}
+	host     *hub.Host
 	release func()
 	unwatch func()
 }
@@ -134,8 +136,8 @@ func Subscribe(ctx context.Context, node *mesh.Node, owner subjects.Address, str
 // drops what an earlier session armed.
 func (s *Subscription) arm(ctx context.Context) error {
 	s.unarm()
-	gen := s.node.ID()
-	h := s.node.Host()
+	sess := s.node.Session() // one snapshot: a rejoin cannot mix two generations
+	gen, h := sess.ID, sess.Host
 	if h == nil {
 		return verdict.New(verdict.ReasonHubShuttingDown, "node %s has no session", gen)
 	}
@@ -144,7 +146,7 @@ func (s *Subscription) arm(ctx context.Context) error {
 		return fmt.Errorf("syncstream: activate subscriber %s on %s: %w", s.self, gen, err)
 	}
 	var unwatch func()
-	if m := s.node.Members(); m != nil {
+	if m := sess.Members; m != nil {
 		unwatch = m.OnEvent(func(e membership.Event) {
 			s.mu.Lock()
 			mine := e.Type.Departed() && e.Member.Node == s.ownerNode
@@ -158,7 +160,7 @@ func (s *Subscription) arm(ctx context.Context) error {
 		})
 	}
 	s.mu.Lock()
-	s.gen, s.host, s.release, s.unwatch = gen, h, release, unwatch
+	s.gen, s.sessDone, s.host, s.release, s.unwatch = gen, sess.Done, h, release, unwatch
 	s.mu.Unlock()
 	return nil
 }
@@ -187,12 +189,21 @@ func (s *Subscription) disarm() {
 	registry.Delete(s.self)
 }
 
-// stale reports whether the node moved to another session since arm.
+// staleSession reports whether the node moved on from the session the
+// subscription is armed on (or it was never armed).
 func (s *Subscription) staleSession() bool {
 	s.mu.Lock()
-	gen := s.gen
+	done := s.sessDone
 	s.mu.Unlock()
-	return s.node.ID() != gen
+	if done == nil {
+		return true
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
 }
 
 func subscriberFactory(_ context.Context, addr subjects.Address) (hub.Hub, error) {
@@ -363,8 +374,9 @@ func (s *Subscription) run(first chan<- error) {
 }
 
 // OwnerCheckInterval is how often a subscription also checks that its
-// owner's node is alive, in case a departure event was missed (for
-// instance across a rejoin of the subscriber's own node).
+// owner's node is alive, in case a departure event was missed (one told
+// while the subscriber's own node was between two sessions). A rejoin of
+// the subscriber's own node is no poll: its session's Done wakes await.
 const OwnerCheckInterval = time.Second
 
 // await waits until recovery is needed (true) or the subscription stops
@@ -372,6 +384,9 @@ const OwnerCheckInterval = time.Second
 func (s *Subscription) await() bool {
 	t := time.NewTicker(OwnerCheckInterval)
 	defer t.Stop()
+	s.mu.Lock()
+	sessDone := s.sessDone
+	s.mu.Unlock()
 	for {
 		select {
 		case <-s.stop:
@@ -385,14 +400,13 @@ func (s *Subscription) await() bool {
 			// its successor were failing): nothing to recover.
 		case <-s.node.Closed():
 			return true // the next attempt fails terminally (the client is closed)
+		case <-sessDone:
+			return true // the node rejoined under a new generation: re-arm there (run)
 		case <-t.C:
-			if s.staleSession() {
-				return true
-			}
 			s.mu.Lock()
 			owner := s.ownerNode
 			s.mu.Unlock()
-			if m := s.node.Members(); m != nil && !owner.IsZero() && !m.Alive(owner) {
+			if m := s.node.Session().Members; m != nil && !owner.IsZero() && !m.Alive(owner) {
 				return true
 			}
 		}
