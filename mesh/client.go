@@ -114,7 +114,7 @@ type Client struct {
 	// retiring holds earlier identities' answer subscriptions, each with
 	// the timer that ends it after its grace (bindIdentity); Close ends
 	// them at once. Guarded by idMu.
-	retiring map[*nats.Subscription]*time.Timer
+	retiring   map[*nats.Subscription]*time.Timer
 	status     chan nats.Status
 	statusDone chan struct{}
 	closing    atomic.Bool

@@ -78,8 +78,8 @@ type Subscription struct {
 	gen      subjects.NodeID
 	sessDone <-chan struct{}
 	host     *hub.Host
-	release func()
-	unwatch func()
+	release  func()
+	unwatch  func()
 }
 
 // registry maps subscriber addresses to their subscriptions, for the
