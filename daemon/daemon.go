@@ -211,6 +211,10 @@ type Info struct {
 	Embedded bool   // the server runs in this process
 	HTTPAddr string // the bound HTTP address, or ""
 	Kinds    []string
+	// Mesh is the running node, for a program that embeds the daemon and
+	// reads its session (e.g. the test node's claim checks); the daemon
+	// owns it: do not Close or Drain it.
+	Mesh *mesh.Node
 }
 
 func (c *Config) validate() error {
@@ -553,7 +557,7 @@ func Run(ctx context.Context, cfg Config) (runErr error) {
 		}
 		return fmt.Errorf("daemon: start node: %w", err)
 	}
-	info.Node = node.ID()
+	info.Node, info.Mesh = node.ID(), node
 
 	if httpSrv != nil {
 		h := handler(node, nc, &ready, met)

@@ -23,9 +23,12 @@ import (
 // so), and under its own schedule — route cuts alone, two of them
 // dropping the routes for 7 and 11 s, so that legs across the cut time
 // out (the leg timeout, 5 s, is shorter than the TTL after which the
-// nodes beyond the cut are declared gone). Not planted: a claim released
-// by address (tried with idle collection: no check fired, since the next
-// claim lands on the same node — RELIABILITY.md).
+// nodes beyond the cut are declared gone). release-by-address runs with
+// the nodes' idle timeout at 30 ms, so collections race the next
+// delivery's claim; claim-current catches it on the node itself, from the
+// turns that start under a claim their node's directory no longer holds
+// (the next claim lands on the same node, so no second node ever runs
+// the address).
 func TestNemesisPlanted(t *testing.T) {
 	longTest(t)
 	bin := BuildPlantedTestNode(t)
@@ -39,6 +42,7 @@ func TestNemesisPlanted(t *testing.T) {
 		seed     uint64
 		duration time.Duration
 		kinds    []nemesis.FaultKind
+		idle     time.Duration // the nodes' idle timeout, if set
 	}{
 		{bug: plant.SkipDedupe, check: "at-most-once"},
 		{bug: plant.ReorderLane, check: "lane-order"},
@@ -46,6 +50,10 @@ func TestNemesisPlanted(t *testing.T) {
 		{bug: plant.StaleStream, check: "stream-convergence"},
 		{bug: plant.ResendTimeout, check: "timeout-not-resent", inSender: true,
 			seed: 30, duration: 16 * time.Second, kinds: []nemesis.FaultKind{nemesis.RouteCut}},
+		// Round 2's race: collections (30 ms idle) racing the next
+		// delivery's claim on the same node, under slow links only.
+		{bug: plant.ReleaseByAddress, check: "claim-current", idle: 30 * time.Millisecond,
+			seed: nemesisSeed, duration: 20 * time.Second, kinds: []nemesis.FaultKind{nemesis.LinkSlow}},
 	} {
 		t.Run(string(tc.bug), func(t *testing.T) {
 			if tc.inSender && !plant.Built {
@@ -56,6 +64,9 @@ func TestNemesisPlanted(t *testing.T) {
 			cfg.ownOut = true
 			if tc.seed != 0 {
 				cfg.seed, cfg.duration, cfg.kinds = tc.seed, tc.duration, tc.kinds
+			}
+			if tc.idle != 0 {
+				cfg.idle = tc.idle
 			}
 			_, h := runNemesis(t, cfg, bin)
 			results := nemesis.Run(h, nemesis.Options{OutDir: cfg.out})

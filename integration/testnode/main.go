@@ -64,6 +64,7 @@ import (
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/counterhub"
 	"github.com/natsmesh/natsmesh/internal/nemesis"
+	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -220,6 +221,7 @@ func main() {
 			"nkv":   nemesisKind(kvTurn),
 		},
 		Ready: func(i daemon.Info) {
+			running.Store(i.Mesh)
 			if pub == nil {
 				dial(i.NATSURL)
 			}
@@ -233,6 +235,25 @@ func main() {
 		fmt.Fprintln(os.Stderr, "testnode:", err)
 		os.Exit(2)
 	}
+}
+
+// running is the node daemon.Run started (set by Ready), for claimGone.
+var running atomic.Pointer[mesh.Node]
+
+// claimGone reports whether the running node's directory of generation gen
+// no longer holds t (Directory.Holds): the activation's claim was released
+// or lost under it. False while unknown: before Ready, without a claim, or
+// when the node is no longer on gen (a rejoin: another directory).
+func claimGone(gen uint64, t hub.ClaimToken) bool {
+	n := running.Load()
+	if n == nil || t.Rev == 0 {
+		return false
+	}
+	d := n.Directory() // before the generation: a rejoin between them shows as another generation
+	if d == nil || n.ID().Generation != gen {
+		return false
+	}
+	return !d.Holds(t)
 }
 
 // turnLog writes the nemesis kinds' turn events to stdout, one line each.
@@ -263,7 +284,8 @@ func nemesisKind(turn func(ctx context.Context, st *hub.State, value *string, d 
 		return hub.HandlerFunc(func(ctx context.Context, d *hub.Delivery) error {
 			n := turnLog.n.Add(1)
 			logTurn(nemesis.TurnEvent{Event: nemesis.TurnStart, N: n, Node: rec.Owner.Name, Generation: rec.Owner.Generation,
-				Activation: rec.Epoch, Address: string(d.To), Stream: string(d.Stream), ID: d.ID, Attempt: d.Attempt, Claim: d.Claim().Rev})
+				Activation: rec.Epoch, Address: string(d.To), Stream: string(d.Stream), ID: d.ID, Attempt: d.Attempt, Claim: d.Claim().Rev,
+				ClaimGone: claimGone(rec.Owner.Generation, d.Claim())})
 			err := turn(ctx, st, &value, d)
 			logTurn(nemesis.TurnEvent{Event: nemesis.TurnEnd, N: n,
 				NoEffect: errors.Is(err, hub.ErrStateFenced) || errors.Is(err, hub.ErrStateUnavailable)})

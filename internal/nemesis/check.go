@@ -284,7 +284,13 @@ func CheckSingleActivation(h *History) Finding {
 //   - per address, no turn starts under a claim older than one another
 //     activation already started a turn under: the newer claim superseded
 //     it, and its activation must not run again (the successor may be
-//     running now, or may run next).
+//     running now, or may run next);
+//   - no turn starts under a claim its own node's directory no longer
+//     held (Turn.ClaimGone): released — by its activation only after its
+//     last turn — or lost (overwritten, deleted), after which another node
+//     may claim the address. A claim released by address under a newer
+//     activation shows here, on the same node, whether or not another
+//     node then claims the address.
 //
 // A turn that started on a node cut off or frozen (from PartitionGrace
 // before the fault) is excused: it ran before the node could notice
@@ -319,6 +325,9 @@ func CheckClaims(h *History) Finding {
 			if t.Claim == 0 {
 				add(t, "ran under no claim: "+h.describeTurn(t))
 				continue
+			}
+			if t.ClaimGone {
+				add(t, fmt.Sprintf("started under claim revision %d, which its node no longer held (released or lost): %s", t.Claim, h.describeTurn(t)))
 			}
 			if o, ok := owner[t.Claim]; ok && actOf(o) != actOf(t) {
 				add(t, fmt.Sprintf("two activations ran under claim revision %d: %s and %s", t.Claim, h.describeTurn(o), h.describeTurn(t)))

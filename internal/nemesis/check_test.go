@@ -487,6 +487,26 @@ func TestClaims(t *testing.T) {
 			claimed(turn("c", "k/1", "n1", 1, 40, 50), 5),
 		}}, "started under claim revision 5 after another activation ran under the newer 9: c on n1.1")
 	})
+	t.Run("bad: a turn under a claim its node no longer held (released by address under it)", func(t *testing.T) {
+		gone := claimed(turn("b", "k/1", "n1", 2, 20, 30), 9)
+		gone.ClaimGone = true
+		expect(t, CheckClaims, &History{Turns: []Turn{
+			claimed(turn("a", "k/1", "n1", 1, 0, 10), 5), // re-adopting a claim re-writes it: a newer revision
+			gone,
+		}}, "started under claim revision 9, which its node no longer held (released or lost): b on n1.")
+	})
+	t.Run("good: a claim gone on a node cut off, before it noticed", func(t *testing.T) {
+		gone := claimed(turn("b", "k/1", "n1", 1, 20, 30), 9)
+		gone.ClaimGone = true
+		h := &History{
+			Faults: []FaultRecord{{Fault: Fault{Kind: NodeFreeze}, Process: "n1#0", Start: ms(15), End: ms(100)}},
+			Turns:  []Turn{gone},
+		}
+		expect(t, CheckClaims, h)
+		if e := CheckClaims(h).Excused; len(e) != 1 {
+			t.Fatalf("excused %v", e)
+		}
+	})
 	t.Run("good: the superseded one ran on a node cut off, before it noticed", func(t *testing.T) {
 		h := &History{
 			Faults: []FaultRecord{{Fault: Fault{Kind: LinkCut}, Process: "n1#0", Start: ms(15), End: ms(100)}},

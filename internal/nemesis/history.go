@@ -213,8 +213,11 @@ type Turn struct {
 	// started (the directory's KV revision at the claim's issue); 0: no
 	// claim. Checked by CheckClaims.
 	Claim uint64 `json:"claim,omitempty"`
-	Start int64  `json:"start"`
-	End   int64  `json:"end,omitempty"` // 0: no end logged (see History.Exits)
+	// ClaimGone: its node's directory no longer held that claim when it
+	// started (released or lost). Checked by CheckClaims.
+	ClaimGone bool  `json:"claim_gone,omitempty"`
+	Start     int64 `json:"start"`
+	End       int64 `json:"end,omitempty"` // 0: no end logged (see History.Exits)
 	// NoEffect: the handler ended with an error saying it persisted
 	// nothing (TurnEvent.NoEffect).
 	NoEffect bool `json:"no_effect,omitempty"`

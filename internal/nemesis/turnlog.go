@@ -25,6 +25,9 @@ type TurnEvent struct {
 	// Claim (start lines) is the revision of the claim the activation
 	// held when the turn started (hub.Delivery.Claim); 0: none.
 	Claim uint64 `json:"claim,omitempty"`
+	// ClaimGone (start lines): the node's directory no longer held that
+	// claim when the turn started (released or lost: Directory.Holds).
+	ClaimGone bool `json:"claim_gone,omitempty"`
 	// NoEffect (end lines): the handler returned an error saying it
 	// persisted nothing (its state save was fenced or the store was
 	// unreachable: nothing written, DESIGN §7a).
@@ -73,7 +76,7 @@ func ParseTurnLog(process string, r io.Reader) ([]Turn, error) {
 			open[e.N] = len(turns)
 			turns = append(turns, Turn{
 				Process: process, Node: e.Node, Generation: e.Generation, Activation: e.Activation,
-				Address: e.Address, Stream: e.Stream, ID: e.ID, Attempt: e.Attempt, Claim: e.Claim, Start: e.At,
+				Address: e.Address, Stream: e.Stream, ID: e.ID, Attempt: e.Attempt, Claim: e.Claim, ClaimGone: e.ClaimGone, Start: e.At,
 			})
 		case TurnEnd:
 			i, ok := open[e.N]

@@ -33,6 +33,12 @@ const (
 	// resendable and sends the delivery again while its deadline allows,
 	// although the callee may hold it (timeout-not-resent).
 	ResendTimeout Bug = "resend-timeout"
+	// ReleaseByAddress: a claim is released by its address, not by its
+	// token — round 2's race: an activation being collected releases the
+	// claim a newer activation of the address on the same node re-adopted,
+	// deleting it under the newer one, which serves on with no claim
+	// (claim-current, from the turns' claim-held records).
+	ReleaseByAddress Bug = "release-by-address"
 )
 
 // EnvVar names the bugs switched on in a planted build.
