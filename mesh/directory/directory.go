@@ -73,9 +73,9 @@ var ErrInvalidConfig = errors.New("directory: invalid config")
 // Config holds the directory settings. Conn and Members are required.
 type Config struct {
 	Conn *nats.Conn
-	// Members is this node's membership: who is alive, who hosts a kind,
-	// and this node's own generation.
-	Members *membership.Membership
+	// Members is this node's cluster view (its membership): who is alive,
+	// who hosts a kind, and this node's own generation.
+	Members membership.View
 	// Prefix names the bucket; zero means subjects.DefaultPrefix.
 	Prefix subjects.Prefix
 	// Replicas of the bucket (default 1; 3 on a 3-server cluster).
@@ -124,7 +124,7 @@ type Claim struct {
 type Directory struct {
 	cfg     Config
 	kv      jetstream.KeyValue
-	members *membership.Membership
+	members membership.View
 	log     *slog.Logger
 
 	// cache maps addresses to their owners for senders, bounded (cacheSet,

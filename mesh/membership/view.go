@@ -8,6 +8,48 @@ import (
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
+// View is the cluster view (DESIGN §9): who is alive, who is gone, who
+// hosts a kind, when a departed or unseen generation's addresses may be
+// taken over, and the events that change it. A node's *Membership is its
+// view, replaced with its session on a rejoin; it is the one store of
+// liveness the node's parts read — the directory (directory.Config.Members),
+// the sender (mesh.WithLiveness over Node.Gone), the ingress and sync-stream
+// subscriptions (Node.Session). Implementations are safe for concurrent use
+// and do not block on NATS.
+type View interface {
+	// Self is this node's own registered generation.
+	Self() Member
+	// Members are the live generations, sorted by name.
+	Members() []Member
+	// Alive reports whether node is the live generation of its name.
+	Alive(node subjects.NodeID) bool
+	// Gone reports whether node is known gone (a newer generation of its
+	// name is live, or it departed).
+	Gone(node subjects.NodeID) bool
+	// Known reports whether the view knows what became of node: alive,
+	// departed within its memory, or superseded by a live generation.
+	Known(node subjects.NodeID) bool
+	// Hosting returns the live generations that host kind and take new
+	// placements, sorted by name.
+	Hosting(kind string) []subjects.NodeID
+	// HostingNear is Hosting restricted to the NATS cluster named
+	// cluster when any there host kind.
+	HostingNear(kind, cluster string) []subjects.NodeID
+	// TakeoverAt is when a departed or superseded node's addresses may be
+	// taken over (the fencing delay after the view saw it go); the zero
+	// time means at once.
+	TakeoverAt(node subjects.NodeID) time.Time
+	// UnseenTakeoverAt is when a claim naming a generation the view never
+	// saw, first read at first, may be taken over.
+	UnseenTakeoverAt(first time.Time) time.Time
+	// TTL is the registration's time to live.
+	TTL() time.Duration
+	// OnEvent calls f for every membership event until cancel.
+	OnEvent(f func(Event)) (cancel func())
+}
+
+var _ View = (*Membership)(nil)
+
 // Members returns the live generations, sorted by name.
 func (m *Membership) Members() []Member {
 	m.mu.RLock()
