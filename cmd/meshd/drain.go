@@ -34,7 +34,8 @@ lock is free), at most --timeout. Use it as a Kubernetes preStop hook
 
 Exit codes: 0 the node drained and exited (it recorded a clean drain in
 the directory on its way out), or no meshd holds the directory (nothing to
-drain); 1 bad usage; 2 the node did not exit within --timeout, could not be
+drain); 1 bad usage, or no such directory (a mistyped --data-dir would
+otherwise pass as "nothing to drain"); 2 the node did not exit within --timeout, could not be
 signalled, or exited without a clean drain (its drain was cut short by its
 --drain-timeout, it failed, or it was killed: its log says why).`,
 		Args:          cobra.NoArgs,
@@ -43,6 +44,9 @@ signalled, or exited without a clean drain (its drain was cut short by its
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if timeout <= 0 {
 				return usageError{fmt.Errorf("--timeout %v: want > 0", timeout)}
+			}
+			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+				return usageError{fmt.Errorf("--data-dir %s: no such directory (the data directory of the meshd to drain)", dir)}
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()

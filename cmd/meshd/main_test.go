@@ -432,3 +432,20 @@ func TestIdleTimeoutFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainDataDir: `meshd drain` on a directory no meshd holds says there
+// is nothing to drain (exit 0); on a directory that does not exist — a
+// mistyped --data-dir in a preStop hook — it fails as bad input (exit 1)
+// naming the flag, instead of passing as "nothing to drain".
+func TestDrainDataDir(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errOut := runMeshd(t, nil, "drain", "--data-dir", dir, "--timeout", "5s")
+	if code != 0 || !strings.Contains(out, "nothing to drain") {
+		t.Errorf("drain of an unheld directory: exit %d, %q %q", code, out, errOut)
+	}
+	missing := filepath.Join(dir, "nonexistent")
+	code, out, errOut = runMeshd(t, nil, "drain", "--data-dir", missing, "--timeout", "5s")
+	if code != 1 || !strings.Contains(errOut, "--data-dir "+missing+": no such directory") {
+		t.Errorf("drain of a missing directory: exit %d, %q %q; want exit 1 naming --data-dir", code, out, errOut)
+	}
+}

@@ -88,9 +88,10 @@ func FromBuildInfo(bi *debug.BuildInfo) Info {
 // String is the one-line form: "<release>, build <version>", then
 // ", revision <12 hex digits>[ (modified)], <time>" when the binary has a
 // VCS stamp (the revision only if the version, a pseudo-version, does not
-// end with it), then ", <go version>". The build's module version is
-// "(devel)" for a build from a checkout and a tag or pseudo-version for
-// `go install …@version`.
+// end with it), then ", <go version>". The build's module version is the
+// pseudo-version Go (1.24 and later) stamps from the VCS for a build in a
+// git clone, the tag or pseudo-version of `go install …@version`, and
+// "(devel)" for a build without a VCS stamp (go run, -buildvcs=false).
 func (i Info) String() string {
 	var b strings.Builder
 	if i.Release != "" {
