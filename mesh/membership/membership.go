@@ -390,25 +390,31 @@ type Membership struct {
 	lastTick  atomic.Int64
 	suspectAt atomic.Int64
 
-	lost      chan struct{}
-	lostOnce  sync.Once
-	invalid   atomic.Int64 // registry entries ignored: unparsable, misnamed, absurd generation
-	foreign   atomic.Int64 // own entry found overwritten by another writer
-	lastWrite [4][]byte    // the values this node last tried to write for its entry, newest at lastN%4 (under wmu)
-	lastN     int
-	leaving   atomic.Bool     // Leave is deleting our entry: our own departure is no news
-	supersede atomic.Bool     // the registration was lost to a newer generation of the name
-	judged    subjects.NodeID // the registered generation checkName let this node supersede (zero: none was registered)
-	ready     chan struct{}   // the registry's initial state was read
-	readyOnce sync.Once
-	beatNow   chan struct{} // a reconnect asks for a heartbeat at once
-	status    chan nats.Status
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	advSub    *nats.Subscription
-	movedSub  *nats.Subscription
-	closeOnce sync.Once
+	lost     chan struct{}
+	lostOnce sync.Once
+	invalid  atomic.Int64 // registry entries ignored: unparsable, misnamed, absurd generation
+	foreign  atomic.Int64 // own entry found overwritten by another writer
+	// staleReads counts heartbeat mismatches whose read-back showed no
+	// newer revision than the write's (a lagging replica answered).
+	staleReads atomic.Int64
+	// mismatchRead, when set (tests), replaces readEntry after a
+	// heartbeat's revision mismatch.
+	mismatchRead atomic.Pointer[func(context.Context, string) (Member, uint64, error)]
+	lastWrite    [4][]byte // the values this node last tried to write for its entry, newest at lastN%4 (under wmu)
+	lastN        int
+	leaving      atomic.Bool     // Leave is deleting our entry: our own departure is no news
+	supersede    atomic.Bool     // the registration was lost to a newer generation of the name
+	judged       subjects.NodeID // the registered generation checkName let this node supersede (zero: none was registered)
+	ready        chan struct{}   // the registry's initial state was read
+	readyOnce    sync.Once
+	beatNow      chan struct{} // a reconnect asks for a heartbeat at once
+	status       chan nats.Status
+	ctx          context.Context
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
+	advSub       *nats.Subscription
+	movedSub     *nats.Subscription
+	closeOnce    sync.Once
 }
 
 // liveMember is a live generation and when the registry clock last saw it.
@@ -531,11 +537,15 @@ type Stats struct {
 	// after it failed to deliver this node's own heartbeat in time (its
 	// consumer was lost with a NATS server).
 	WatcherRestarts int64 `json:"watcher_restarts"`
+	// StaleReads counts heartbeats refused for a revision mismatch whose
+	// read-back showed no newer revision than the write's: a replica that
+	// lags answered (the next beat tries again).
+	StaleReads int64 `json:"stale_reads"`
 }
 
 // Stats returns the counters. Safe for concurrent use.
 func (m *Membership) Stats() Stats {
-	return Stats{InvalidEntries: m.invalid.Load(), Overwritten: m.foreign.Load(), WatcherRestarts: m.rewatches.Load()}
+	return Stats{InvalidEntries: m.invalid.Load(), Overwritten: m.foreign.Load(), WatcherRestarts: m.rewatches.Load(), StaleReads: m.staleReads.Load()}
 }
 
 // AttemptTimeout bounds one attempt of RetryEach. JetStream's servers do

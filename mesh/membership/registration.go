@@ -278,16 +278,32 @@ func (m *Membership) heartbeat() {
 		case <-t.C:
 		case <-m.beatNow:
 		}
+		used := m.revision()
 		err := m.beat()
 		m.noteLease()
 		switch {
 		case err == nil:
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
-			cur, rev, gerr := m.readEntry(m.ctx, m.cfg.Name)
+			read := m.readEntry
+			if f := m.mismatchRead.Load(); f != nil {
+				read = *f // a test's lagging replica
+			}
+			cur, rev, gerr := read(m.ctx, m.cfg.Name)
 			self := m.Self()
 			switch {
 			case gerr != nil:
 				// Cannot tell: try again next beat.
+			case rev != 0 && rev <= used:
+				// The write at used met a newer revision, yet the read
+				// shows none newer: a read served by a replica that
+				// lags (a KV get is a direct get; one just back from a
+				// restart or a partition answers from before it). It
+				// tells nothing: try again next beat, not at once —
+				// re-adopting the stale revision and beating again at
+				// once spun thousands of writes a second against a
+				// stream electing its leader (the 30-minute soak,
+				// round 3). Past the TTL the lease stops turns.
+				m.staleReads.Add(1)
 			case rev != 0 && cur.Node == self.Node && cur.Removed != nil:
 				m.markLost(fmt.Sprintf("the registry says %s judged this generation gone (%s: %s)", cur.Removed.By, cur.Removed.How, cur.Removed.Reason))
 				return
@@ -320,6 +336,13 @@ func (m *Membership) heartbeat() {
 			}
 		}
 	}
+}
+
+// revision is the registry revision the next heartbeat writes on.
+func (m *Membership) revision() uint64 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.rev
 }
 
 // beat writes one heartbeat.
