@@ -92,30 +92,39 @@ func (n *Node) drain(ctx context.Context) error {
 	n.ingressWG.Wait()
 	n.cancel()
 	n.wg.Wait()
+	leave := func(m *membership.Membership) {
+		// Every answer of what this node accepted was published while
+		// it settled; let them reach their senders before the
+		// departure does (a sender fails awaited answers at once when
+		// the owner leaves, and the two travel different paths).
+		_ = n.conn.FlushTimeout(answersGrace)
+		select {
+		case <-ctx.Done():
+		case <-time.After(answersGrace):
+		}
+		lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
+		defer lcancel()
+		if lerr := m.Leave(lctx); lerr != nil {
+			n.log.Warn("leave membership", "err", lerr)
+		}
+	}
 	if cur := n.current(); cur != inc && cur != nil {
-		// A rejoin finished during the drain: that generation never
-		// served what the drain settled; close it.
-		cur.close(nil)
+		// A rejoin finished as the drain began (fencing rejoins no
+		// more once it has): drain that generation too, and leave with
+		// it, so nothing of this node stays registered.
+		if cur.members != nil {
+			if err := cur.members.SetDraining(ctx); err != nil {
+				n.log.Warn("could not mark the node draining in the registry", "err", err)
+			}
+		}
+		if derr := cur.host.Drain(ctx); err == nil {
+			err = derr
+		}
+		cur.close(leave)
 		cur.retire()
 	}
 	if inc != nil {
-		inc.close(func(m *membership.Membership) {
-			// Every answer of what this node accepted was published
-			// while it settled; let them reach their senders before
-			// the departure does (a sender fails awaited answers at
-			// once when the owner leaves, and the two travel
-			// different paths).
-			_ = n.conn.FlushTimeout(answersGrace)
-			select {
-			case <-ctx.Done():
-			case <-time.After(answersGrace):
-			}
-			lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
-			defer lcancel()
-			if lerr := m.Leave(lctx); lerr != nil {
-				n.log.Warn("leave membership", "err", lerr)
-			}
-		})
+		inc.close(leave)
 		inc.retire()
 	}
 	n.Client.Close()

@@ -306,9 +306,16 @@ func (n *Node) fencing() {
 			}
 			return
 		}
-		n.log.Warn("generation declared gone: dropping its activations and rejoining", "generation", inc.id.String())
 		inc.close(nil)
-		for n.ctx.Err() == nil {
+		if n.draining.Load() {
+			// A draining node leaves: it does not come back under a
+			// new generation that would take placements while it
+			// drains (and stay registered after it).
+			n.log.Warn("generation declared gone while draining: its activations dropped; not rejoining", "generation", inc.id.String())
+			return
+		}
+		n.log.Warn("generation declared gone: dropping its activations and rejoining", "generation", inc.id.String())
+		for n.ctx.Err() == nil && !n.draining.Load() {
 			ctx, cancel := context.WithTimeout(n.ctx, DefaultStartTimeout)
 			next, err := n.join(ctx, inc.id)
 			cancel()
