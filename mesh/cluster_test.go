@@ -37,18 +37,27 @@ func clusterNode(t *testing.T, s *server.Server, name string, rec *recorder, opt
 func clusterNodeWith(t *testing.T, s *server.Server, name string, rec *recorder, mc MembershipConfig, opts ...Option) (*Node, *nats.Conn) {
 	t.Helper()
 	nc := natstest.Connect(t, s)
-	n, err := NewNode(NodeConfig{Conn: nc, Name: name, Membership: &mc}, opts...)
+	return startTestNode(t, NodeConfig{Conn: nc, Name: name, Membership: &mc}, rec, opts...), nc
+}
+
+// startTestNode builds and starts a node from cfg, hosting rec's kind
+// "rec" unless rec is nil, closed when the test ends.
+func startTestNode(t *testing.T, cfg NodeConfig, rec *recorder, opts ...Option) *Node {
+	t.Helper()
+	n, err := NewNode(cfg, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.Register("rec", rec.factory); err != nil {
-		t.Fatal(err)
+	if rec != nil {
+		if err := n.Register("rec", rec.factory); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := n.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	return n, nc
+	return n
 }
 
 func waitMembers(t *testing.T, want int, nodes ...*Node) {

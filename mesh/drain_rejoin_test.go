@@ -35,25 +35,8 @@ func TestDrainDeclaredGoneDoesNotRejoin(t *testing.T) {
 	defer release()
 	rec.fn = func(context.Context, *hub.Delivery) error { <-block; return nil }
 	mb, ma := longTTL, longTTL
-	b, err := NewNode(NodeConfig{Conn: natstest.Connect(t, s), Name: "b", Membership: &mb, DisableIngress: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Register("rec", rec.factory); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	a, err := NewNode(NodeConfig{Conn: natstest.Connect(t, s), Name: "a", Membership: &ma})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
+	b := startTestNode(t, NodeConfig{Conn: natstest.Connect(t, s), Name: "b", Membership: &mb, DisableIngress: true}, rec)
+	a := startTestNode(t, NodeConfig{Conn: natstest.Connect(t, s), Name: "a", Membership: &ma}, nil)
 	js, _ := jetstream.New(natstest.Connect(t, s))
 	kv, err := js.KeyValue(context.Background(), membership.BucketName(subjects.DefaultPrefix))
 	if err != nil {
