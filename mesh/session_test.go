@@ -94,6 +94,9 @@ func TestRejoinStartsNewSession(t *testing.T) {
 	if _, err := n.Deliver(context.Background(), Delivery{To: "rec/x"}); err != nil {
 		t.Fatal(err)
 	}
+	// Accepted is not handled: fenced before its turn, the delivery would
+	// end with a late ShuttingDown verdict instead (DESIGN §5).
+	natstest.Eventually(t, 5*time.Second, func() bool { return rec.total() == 1 }, "the delivery before the rejoin handled")
 	old, oldHost := n.ID(), n.Host()
 	sess := n.Session()
 	if sess.ID != old || sess.Host != oldHost || sess.Members != n.Members() {
