@@ -36,11 +36,10 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 				// was accepted.
 				return Receipt{ID: d.ID, Node: n, Attempts: attempt - 1}, nil
 			}
-			if err := ctx.Err(); errors.Is(err, context.Canceled) {
-				return Receipt{ID: d.ID, Node: node, Attempts: attempt - 1}, errors.Join(err, last)
-			}
-			if !time.Now().Before(deadline) {
-				return Receipt{ID: d.ID, Node: node, Attempts: attempt - 1}, unsent(d, attempt, last)
+			if werr := unsentVerdict(stageLeg, c.unsentFactsOf(ctx, deadline, nil), ""); werr != nil {
+				r, err := attemptUnsent(d, werr, true, attempt, last)
+				r.Node = node
+				return r, err
 			}
 		}
 		// A hot lane's legs are staged (prepared before their turn, then
@@ -57,10 +56,17 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			node = node0
 		} else {
 			if err := c.awaitTurn(ctx, deadline, t); err != nil {
-				return c.laneWaitFailed(d, err, sent, attempt, last)
+				return attemptUnsent(d, err, sent, attempt, last)
 			}
 			if err = c.awaitMove(ctx, deadline); err == nil {
 				node, err = c.cfg.Resolver.Resolve(ctx, d.To)
+				if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+					// The resolver gave up with the caller's context:
+					// nothing was sent.
+					if werr := unsentVerdict(stageResolve, c.unsentFactsOf(ctx, deadline, nil), "("+err.Error()+")"); werr != nil {
+						err = werr
+					}
+				}
 			}
 		}
 		if err == nil {
@@ -68,7 +74,7 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			published, err = c.leg(ctx, deadline, d, f, node, attempt, t, !staged)
 			var lw *errLaneWait
 			if errors.As(err, &lw) {
-				return c.laneWaitFailed(d, lw.err, sent, attempt, last)
+				return attemptUnsent(d, lw.err, sent, attempt, last)
 			}
 			if err == errStagedEvent {
 				// Not an attempt: nothing was sent. It waits for its turn
@@ -149,33 +155,11 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 			wait = min(wait, left)
 		}
 		if berr := c.backOff(ctx, deadline, f, node, wait); berr != nil {
-			switch {
-			case errors.Is(berr, verdict.ErrClosing):
-				return Receipt{ID: d.ID, Attempts: attempt}, errors.Join(verdict.ErrClosing, err)
-			case errors.Is(berr, context.Canceled):
-				// The caller chose: Failed, not transient.
-				return Receipt{ID: d.ID, Attempts: attempt}, errors.Join(berr, err)
-			}
-			return Receipt{ID: d.ID, Attempts: attempt}, unsent(d, attempt+1, err)
+			// Attempt attempt+1 never left; attempt's leg may have.
+			return attemptUnsent(d, berr, true, attempt+1, err)
 		}
 		c.retries.Add(1)
 	}
-}
-
-// laneWaitFailed is the verdict of an attempt whose wait for its lane ended
-// with err (awaitTurn, stage) before anything of it was sent: sent says
-// whether an earlier attempt's leg left, last is that attempt's failure.
-func (c *Client) laneWaitFailed(d *Delivery, err error, sent bool, attempt int, last error) (Receipt, error) {
-	if !sent {
-		return Receipt{ID: d.ID}, fmt.Errorf("mesh: deliver %s: waiting for its lane: %w", d.ID, err)
-	}
-	switch {
-	case errors.Is(err, verdict.ErrClosing):
-		return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(verdict.ErrClosing, last)
-	case errors.Is(err, context.Canceled):
-		return Receipt{ID: d.ID, Attempts: attempt - 1}, errors.Join(err, last)
-	}
-	return Receipt{ID: d.ID, Attempts: attempt - 1}, unsent(d, attempt, last)
 }
 
 // learnOwner tells the resolver that node accepted a delivery to addr
@@ -207,23 +191,11 @@ func (c *Client) redirect(addr subjects.Address, node subjects.NodeID, err error
 	return r.Redirect(addr, owner)
 }
 
-// unsent is the verdict of a delivery whose deadline passed before its
-// attempt could be sent: resendable, Unavailable, never a timeout (no
-// callee holds it). last, the previous attempt's failure, is kept as text
-// only, so that its own class does not mask the fact.
-func unsent(d *Delivery, attempt int, last error) error {
-	msg := fmt.Sprintf("mesh: deliver %s to %s: deadline passed before attempt %d was sent", d.ID, d.To, attempt)
-	if last != nil {
-		msg += " (last failure: " + last.Error() + ")"
-	}
-	return &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: msg}
-}
-
 // backOff waits d before the next attempt, bounded by deadline. It is
 // indexed under the owner the last attempt went to: that owner's departure
 // cuts it short (the next attempt re-resolves at once). It returns nil to go
-// on, verdict.ErrClosing, the caller's context.Canceled, or
-// verdict.ErrDeadlineUnsent.
+// on, or unsentVerdict's answer: verdict.ErrClosing, the caller's
+// context.Canceled, or verdict.ErrDeadlineUnsent.
 func (c *Client) backOff(ctx context.Context, deadline time.Time, f *flight, node subjects.NodeID, d time.Duration) error {
 	sctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -240,12 +212,11 @@ func (c *Client) backOff(ctx context.Context, deadline time.Time, f *flight, nod
 	c.address(f, at, phaseWaiting, false)
 	defer c.unindex(f)
 	f.mu.Lock()
-	var serr error
 	f.backoff = true
 	if f.ev == evNone {
 		f.cancel = cancel
 		f.mu.Unlock()
-		serr = c.opts.clock.Sleep(sctx, d)
+		_ = c.opts.clock.Sleep(sctx, d) // why it woke is read from the facts below
 		f.mu.Lock()
 	}
 	defer f.mu.Unlock()
@@ -256,13 +227,10 @@ func (c *Client) backOff(ctx context.Context, deadline time.Time, f *flight, nod
 	case evClosing:
 		return verdict.ErrClosing
 	}
-	if err := ctx.Err(); errors.Is(err, context.Canceled) {
-		return err
-	}
-	if serr != nil || !time.Now().Before(deadline) {
-		return verdict.ErrDeadlineUnsent
-	}
-	return nil
+	// Otherwise the facts decide, not the sleep's error: nil (the back-off
+	// is over) unless the client stopped, the caller cancelled, or the
+	// deadline passed.
+	return unsentVerdict(stageBackOff, c.unsentFactsOf(ctx, deadline, nil), "")
 }
 
 // answered reports whether a response for Request flight f arrived while
@@ -369,26 +337,17 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 	}
 	legTimeout := min(c.opts.legTimeout, time.Until(deadline))
 	f.mu.Lock()
-	if err := f.causeLocked(); err != nil {
+	// Nothing has left yet: an event, a caller's deadline that passed (or
+	// its cancellation) before this point sends nothing — a leg sent after
+	// the deadline would only time out, reading "the callee may hold it".
+	fx := c.unsentFactsOf(ctx, deadline, f.causeLocked())
+	fx.stopped = false // a stopping client sends what it holds (Close waits for it)
+	fx.deadline = fx.deadline || legTimeout <= 0
+	if err := unsentVerdict(stageLeg, fx, ""); err != nil {
 		f.mu.Unlock()
 		<-c.sem
 		c.replies.forget(w)
 		return false, err
-	}
-	// Nothing has left yet: a caller's deadline that passed (or its
-	// cancellation) before this point sends nothing — a leg sent after the
-	// deadline would only time out, reading "the callee may hold it".
-	if legTimeout <= 0 {
-		f.mu.Unlock()
-		<-c.sem
-		c.replies.forget(w)
-		return false, &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed before the leg was sent"}
-	}
-	if err := ctx.Err(); errors.Is(err, context.Canceled) {
-		f.mu.Unlock()
-		<-c.sem
-		c.replies.forget(w)
-		return false, fmt.Errorf("cancelled before the leg was sent: %w", err)
 	}
 	// An event (departure, link drop, closing) ends the wait for the reply
 	// through f.wake: no per-leg context.
@@ -579,9 +538,8 @@ func replyOf(m *nats.Msg) (*nats.Msg, error) {
 }
 
 // waitSlot waits for an in-flight slot. The verdict of a wait that ends
-// without one follows from the facts under f.mu: the first event recorded
-// (departed: resendable; closing), else the caller's cancellation (Failed),
-// else the deadline (verdict.ErrDeadlineUnsent: nothing was sent).
+// without one is unsentVerdict's: the event recorded on f, the client
+// stopped, the caller's cancellation, else the deadline.
 func (c *Client) waitSlot(ctx context.Context, deadline time.Time, f *flight) error {
 	timer := deadlineTimer(deadline) // not a context per wait
 	defer releaseTimer(timer)
@@ -595,13 +553,10 @@ func (c *Client) waitSlot(ctx context.Context, deadline time.Time, f *flight) er
 	case <-ctx.Done():
 	case <-timer.C:
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.causeLocked(); err != nil {
-		return fmt.Errorf("waiting for an in-flight slot: %w", err)
+	if err := unsentVerdict(stageSlot, c.unsentFactsOf(ctx, deadline, flightEvent(f)), ""); err != nil {
+		return err
 	}
-	if err := ctx.Err(); errors.Is(err, context.Canceled) {
-		return fmt.Errorf("waiting for an in-flight slot: %w", err)
-	}
-	return &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for an in-flight slot"}
+	// No fact holds: only the timer wakes the wait without one, and it
+	// fires at the deadline.
+	return unsentVerdict(stageSlot, unsentFacts{deadline: true}, "")
 }

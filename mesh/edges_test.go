@@ -21,10 +21,10 @@ import (
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
-// unsentVerdict reports whether err is the verdict of a delivery whose
+// isUnsentVerdict reports whether err is the verdict of a delivery whose
 // deadline passed before any leg left: resendable Unavailable, never a
 // timeout.
-func unsentVerdict(err error) bool {
+func isUnsentVerdict(err error) bool {
 	return errors.Is(err, verdict.ErrDeadlineUnsent) && verdict.IsResendable(err) &&
 		verdict.Classify(err) == verdict.Unavailable && !errors.Is(err, context.DeadlineExceeded)
 }
@@ -71,7 +71,7 @@ func TestExpiredDeadlineSendsNothing(t *testing.T) {
 			}
 			continue
 		}
-		if n := in.count(id); n != 0 || !unsentVerdict(err) {
+		if n := in.count(id); n != 0 || !isUnsentVerdict(err) {
 			t.Fatalf("rep %d (call %d): sent %d legs, verdict %v (resendable %v, %v); want nothing sent and ErrDeadlineUnsent",
 				rep, rep%3, n, err, verdict.IsResendable(err), verdict.Classify(err))
 		}
@@ -444,7 +444,7 @@ func TestWindowPositionEvents(t *testing.T) {
 						if !errors.Is(err, context.DeadlineExceeded) || verdict.IsResendable(err) || verdict.Classify(err) != verdict.Failed {
 							t.Fatalf("%s: the held delivery, its leg in flight at its deadline: %v; want a timeout", name, err)
 						}
-					} else if !unsentVerdict(err) {
+					} else if !isUnsentVerdict(err) {
 						t.Fatalf("%s: the delivery, never sent by its deadline: %v; want ErrDeadlineUnsent", name, err)
 					}
 				}
@@ -576,7 +576,7 @@ func TestSlotWaitersRaceEvents(t *testing.T) {
 					if sc == "depart" || sc == "depart-racing-release" {
 						t.Fatalf("%s: %s: %v; want re-resolved and accepted", name, id, err)
 					}
-					if (sc == "deadline" || sc == "deadline-racing-depart") && !unsentVerdict(err) {
+					if (sc == "deadline" || sc == "deadline-racing-depart") && !isUnsentVerdict(err) {
 						t.Fatalf("%s: %s: %v; want deadline-unsent", name, id, err)
 					}
 					if e := rec.executions(id); e != 0 {

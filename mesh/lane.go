@@ -11,7 +11,6 @@ import (
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/subjects"
-	"github.com/natsmesh/natsmesh/verdict"
 )
 
 // LaneKey is the identity of a lane: the pair (address, stream), a struct
@@ -300,8 +299,9 @@ func (c *Client) laneValue(epoch, seq uint64) string {
 }
 
 // awaitTurn blocks until t holds its lane's cursor (it may publish its leg),
-// or ctx ends or the client closes: context.Canceled, verdict.ErrDeadlineUnsent
-// or verdict.ErrClosing, with t still in the lane (parked).
+// or ctx ends or the client closes: unsentVerdict's answer (verdict.ErrClosing,
+// context.Canceled, verdict.ErrDeadlineUnsent), with t still in the lane
+// (parked).
 func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicket) error {
 	l := t.l
 	l.mu.Lock()
@@ -331,16 +331,14 @@ func (c *Client) awaitTurn(ctx context.Context, deadline time.Time, t *laneTicke
 			l.mu.Unlock()
 			continue
 		case <-ctx.Done():
-			// Nothing of this attempt was sent: the caller's cancellation
-			// is its choice (Failed); a deadline is not a timeout.
-			err = ctx.Err()
-			if !errors.Is(err, context.Canceled) {
-				err = &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}
-			}
 		case <-timer.C:
-			err = &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}
 		case <-c.stop:
-			err = verdict.ErrClosing
+		}
+		// Nothing of this attempt was sent: the facts decide the verdict,
+		// not the channel that fired (the caller's cancellation is its
+		// choice, Failed; a deadline is not a timeout).
+		if err = unsentVerdict(stageLane, c.unsentFactsOf(ctx, deadline, nil), ""); err == nil {
+			err = unsentVerdict(stageLane, unsentFacts{deadline: true}, "") // the timer fires at the deadline
 		}
 		l.mu.Lock()
 		t.state = ticketParked

@@ -2,13 +2,10 @@ package mesh
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
-
-	"github.com/natsmesh/natsmesh/verdict"
 )
 
 // DefaultMoveTimeout bounds how long LameDuckHandler's move waits for the
@@ -76,14 +73,13 @@ func (c *Client) awaitMove(ctx context.Context, deadline time.Time) error {
 	case <-*gate:
 		return nil
 	case <-c.stop:
-		return verdict.ErrClosing
 	case <-ctx.Done():
 	case <-t.C:
 	}
-	if err := ctx.Err(); errors.Is(err, context.Canceled) {
+	if err := unsentVerdict(stageMove, c.unsentFactsOf(ctx, deadline, nil), ""); err != nil {
 		return err
 	}
-	return &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while the connection moved to another server"}
+	return unsentVerdict(stageMove, unsentFacts{deadline: true}, "") // the timer fires at the deadline
 }
 
 // MoveConnection moves the node's NATS connection to another server

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"time"
-
-	"github.com/natsmesh/natsmesh/verdict"
 )
 
 // A staged leg is a leg prepared in full before its ticket holds the cursor
@@ -125,15 +123,11 @@ func (c *Client) stage(t *laneTicket, s *stagedLeg) (sent, handoff bool, perr, e
 			}
 			err = errEvent
 		case <-s.ctx.Done():
-			err = s.ctx.Err()
-			if !errors.Is(err, context.Canceled) {
-				err = &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}
-			}
-			err = &errLaneWait{err}
+			err = c.laneWaitEnded(s)
 		case <-timer.C:
-			err = &errLaneWait{&verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while waiting for the lane"}}
+			err = c.laneWaitEnded(s)
 		case <-c.stop:
-			err = &errLaneWait{verdict.ErrClosing}
+			err = c.laneWaitEnded(s)
 		}
 		l.mu.Lock()
 		if sent, handoff, perr := c.stagedLocked(l, t); sent || handoff {
@@ -150,6 +144,18 @@ func (c *Client) stage(t *laneTicket, s *stagedLeg) (sent, handoff bool, perr, e
 		}
 		return false, false, nil, err
 	}
+}
+
+// laneWaitEnded is the verdict of a staged leg's wait for its lane that
+// its context, its deadline's timer or the client's stop ended:
+// unsentVerdict's, from the facts (the flight's events are the fwake
+// case's), as awaitTurn's.
+func (c *Client) laneWaitEnded(s *stagedLeg) error {
+	err := unsentVerdict(stageLane, c.unsentFactsOf(s.ctx, s.deadline, nil), "")
+	if err == nil {
+		err = unsentVerdict(stageLane, unsentFacts{deadline: true}, "") // the timer fires at the deadline
+	}
+	return &errLaneWait{err}
 }
 
 // errEvent marks a staged wait ended by an event on the flight.

@@ -503,7 +503,7 @@ func (d *Directory) Owned() int {
 // the sender learns (Redirect) and sends to at once. Errors:
 // verdict.ErrNoPlacement when no live node hosts the kind,
 // verdict.ErrDirectoryUnavailable when the directory cannot be read or this
-// node's own link is down.
+// node's own link is down, ctx's error (wrapped) when ctx ended first.
 func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subjects.NodeID, error) {
 	if v, ok := d.cache.Load(addr); ok {
 		n := v.(subjects.NodeID)
@@ -519,12 +519,11 @@ func (d *Directory) Resolve(ctx context.Context, addr subjects.Address) (subject
 	}
 	c, rev, err := d.readShared(ctx, addr)
 	if err != nil {
-		switch cerr := ctx.Err(); {
-		case errors.Is(cerr, context.Canceled):
-			return subjects.NodeID{}, fmt.Errorf("directory read: %w", cerr) // the caller chose
-		case cerr != nil:
-			// The caller's deadline passed while resolving: nothing sent.
-			return subjects.NodeID{}, &verdict.Error{Reason: verdict.ReasonDeadlineUnsent, Message: "deadline passed while resolving the owner: directory read: " + err.Error()}
+		if cerr := ctx.Err(); cerr != nil {
+			// The caller cancelled, or its deadline passed, while
+			// resolving: nothing was sent. The sender gives it its
+			// verdict (mesh's unsentVerdict), as for any resolver.
+			return subjects.NodeID{}, fmt.Errorf("directory read: %w (%v)", cerr, err)
 		}
 		return subjects.NodeID{}, unavailable("read", err)
 	}
