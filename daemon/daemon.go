@@ -462,7 +462,7 @@ func Run(ctx context.Context, cfg Config) (runErr error) {
 				log.Warn("disconnect advisories: the server did not say which account this node is in; listening on the wildcard (refused by the node profile: departures are then detected by the registry TTL only)", "subject", adv, "err", err)
 			}
 			cfg.AdvisorySubject = adv
-			log.Info("disconnect advisories", "subject", adv)
+			log.Info("disconnect advisories: listening (checked once joined)", "subject", adv)
 		}
 	}
 
@@ -568,6 +568,18 @@ func Run(ctx context.Context, cfg Config) (runErr error) {
 	if cfg.Ready != nil {
 		cfg.Ready(info)
 	}
+	if !cfg.Standalone && cfg.AdvisorySubject != "-" {
+		ttl := membership.DefaultTTL
+		if m := node.Members(); m != nil {
+			ttl = m.TTL() // the registry's, which the node follows
+		}
+		probed := make(chan struct{})
+		defer func() { <-probed }()
+		go func() {
+			defer close(probed)
+			probeAdvisories(runCtx, cfg, url, nc, ttl, met)
+		}()
+	}
 
 	<-runCtx.Done()
 	ready.Store(false)
@@ -626,7 +638,7 @@ func startingHandler() http.Handler {
 // handler serves /metrics, /healthz and /readyz.
 func handler(node *mesh.Node, nc *nats.Conn, ready *atomic.Bool, met *departureMetrics) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newCollector(node, nc), met.events, met.latency)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newCollector(node, nc), met.events, met.latency, met.advisories)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

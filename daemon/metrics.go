@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -20,6 +23,11 @@ import (
 type departureMetrics struct {
 	events  *prometheus.CounterVec
 	latency *prometheus.HistogramVec
+	// advisories is the disconnect-advisory self-check's result
+	// (probeAdvisories): 1 they arrive, 0 they do not (departures take
+	// the TTL), -1 not known (not checked yet, standalone, or the probe
+	// could not run).
+	advisories prometheus.Gauge
 }
 
 func newDepartureMetrics() *departureMetrics {
@@ -33,7 +41,12 @@ func newDepartureMetrics() *departureMetrics {
 			Help:    "Time from a node's departure to its detection here, by how it was detected.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2, 3, 5, 10},
 		}, []string{"how"}),
+		advisories: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "natsmesh_disconnect_advisories",
+			Help: "Whether the server's client-disconnect advisories reach this node (1), do not (0: a departed node is detected by the registry TTL, docs/operations.md §1), or not known yet (-1); checked once at start with a probe connection.",
+		}),
 	}
+	d.advisories.Set(-1)
 	// Every series exists from the start (at zero), so that rates and
 	// dashboards see a departure kind before its first occurrence.
 	for t := membership.Joined; t <= membership.Moved; t++ {
@@ -239,4 +252,41 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 // histogram sends a snapshot as a constant Prometheus histogram.
 func histogram(ch chan<- prometheus.Metric, d *prometheus.Desc, s histo.Snapshot, labels ...string) {
 	ch <- prometheus.MustNewConstHistogram(d, s.Count, s.Sum, s.Buckets, labels...)
+}
+
+// AdvisoryProbeWait bounds the disconnect-advisory self-check: on a healthy
+// server the advisory follows a probe's close within milliseconds (2–6 ms
+// across a cluster, docs/operations.md §1).
+const AdvisoryProbeWait = 5 * time.Second
+
+// probeAdvisories checks once that the server's client-disconnect
+// advisories reach the node on cfg.AdvisorySubject (membership.
+// ProbeAdvisories, with a probe connection made with the node's own
+// credentials), logs the result and sets the gauge: a missing import
+// is otherwise silent — the subscription is allowed and never delivers —
+// and prompt failure quietly falls back to the registry TTL.
+func probeAdvisories(ctx context.Context, cfg Config, url string, nc *nats.Conn, ttl time.Duration, met *departureMetrics) {
+	log := cfg.Logger
+	pctx, cancel := context.WithTimeout(ctx, AdvisoryProbeWait)
+	defer cancel()
+	probe := cfg
+	probe.Name = cfg.Name + "-advisory-probe"
+	start := time.Now()
+	err := membership.ProbeAdvisories(pctx, nc, cfg.AdvisorySubject, func() (*nats.Conn, error) {
+		return connect(probe, url, nats.NoReconnect(), nats.NoCallbacksAfterClientClose())
+	})
+	switch {
+	case err == nil:
+		met.advisories.Set(1)
+		log.Info("disconnect advisories verified: a probe connection's disconnect was reported (a crashed node is detected within milliseconds)",
+			"subject", cfg.AdvisorySubject, "took", time.Since(start).String())
+	case ctx.Err() != nil:
+		// Stopped before the answer: not known.
+	case errors.Is(err, membership.ErrAdvisoriesSilent):
+		met.advisories.Set(0)
+		log.Warn("disconnect advisories do not arrive: a probe connection's disconnect was not reported within the wait; the account does not import them from the system account (or the server has none, or this user may not subscribe): a crashed node is detected by the registry TTL and the fencing delay, not within milliseconds (docs/operations.md §1)",
+			"subject", cfg.AdvisorySubject, "ttl", ttl.String(), "wait", AdvisoryProbeWait.String())
+	default:
+		log.Warn("disconnect advisories: the self-check could not run", "subject", cfg.AdvisorySubject, "err", err)
+	}
 }

@@ -119,6 +119,7 @@ var wantMetrics = map[string]dto.MetricType{
 	"natsmesh_ingress_caller_deliveries_total": dto.MetricType_COUNTER,
 	"natsmesh_reminder_fires_total":            dto.MetricType_COUNTER,
 	"natsmesh_reminder_fires_in_flight":        dto.MetricType_GAUGE,
+	"natsmesh_disconnect_advisories":           dto.MetricType_GAUGE,
 }
 
 // TestMetricsScrape scrapes a running node after requests through the

@@ -264,7 +264,8 @@ func checkProfiles(t *testing.T, url string, creds credentials, watcher, victim 
 // nats-server processes configured with the accounts section of
 // docs/operations.md (the production, multi-account mode, extracted from
 // the document), three meshd with the node user, and meshctl with each
-// profile the docs name: every command works with its profile, a
+// profile the docs name: each node's advisory self-check passes, every
+// command works with its profile, a
 // forbidden one fails at once on one line naming the permission and the
 // profile, no node logs a permission violation (nor does any server about
 // a node), a SIGKILLed meshd is departed within 100 ms by the advisory of
@@ -290,6 +291,8 @@ func TestDocumentedProductionSetup(t *testing.T) {
 		if !strings.Contains(md.Stderr(), `"subject":"`+daemon.AdvisorySubjectEmbedded+`"`) {
 			t.Errorf("meshd %s does not listen on the advisory of its account MESH:\n%s", md.Node, md.Stderr())
 		}
+		// Its self-check saw them arrive: the docs' accounts import them.
+		md.WaitLine(t, regexp.MustCompile(`"msg":"disconnect advisories verified`), 20*time.Second)
 	}
 	waitMembers(t, c.URL(), creds["operator"], 3)
 	serverLogs := func() string {

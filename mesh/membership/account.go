@@ -64,3 +64,57 @@ func AccountAdvisorySubject(ctx context.Context, nc *nats.Conn) (string, error) 
 	}
 	return "$SYS.ACCOUNT." + r.Data.Account + ".DISCONNECT", nil
 }
+
+// ErrAdvisoriesSilent: ProbeAdvisories saw no disconnect advisory for its
+// probe connection's disconnect before its context ended. The account does
+// not receive them on that subject — the import from the system account is
+// missing, the server has no system account, or the user may not subscribe
+// to the subject — so a departed node is detected by the registry TTL and
+// the fencing delay, not within milliseconds (docs/operations.md, "Prompt
+// failure").
+var ErrAdvisoriesSilent = errors.New("membership: no disconnect advisory arrived for a probe connection's disconnect")
+
+// ProbeAdvisories checks that disconnect advisories reach nc on subject
+// (the one the node's membership listens on): it subscribes, opens a probe
+// connection with dial (the node's own credentials, so the probe is in the
+// node's account), closes it, and waits for the advisory naming the probe
+// (its server ID and client ID). A subscription the server refuses, a
+// missing import and a server without a system account look alike from
+// the client: each is ErrAdvisoriesSilent once ctx ends.
+//
+// It blocks until the advisory arrives or ctx ends (callers bound it: 5 s
+// is ample on a healthy server, where the advisory follows the close by
+// milliseconds). Errors: dial's, the subscription's, or
+// ErrAdvisoriesSilent. Safe for concurrent use; it leaves nothing behind.
+func ProbeAdvisories(ctx context.Context, nc *nats.Conn, subject string, dial func() (*nats.Conn, error)) error {
+	ch := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(subject, ch)
+	if err != nil {
+		return fmt.Errorf("membership: advisory probe: subscribe to %s: %w", subject, err)
+	}
+	defer sub.Unsubscribe()
+	// The subscription is in place on the server before the probe closes.
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("membership: advisory probe: %w", err)
+	}
+	probe, err := dial()
+	if err != nil {
+		return fmt.Errorf("membership: advisory probe: connect: %w", err)
+	}
+	server, client := probe.ConnectedServerId(), uint64(0)
+	if id, err := probe.GetClientID(); err == nil {
+		client = id
+	}
+	probe.Close()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w on %s within the probe's wait (%w)", ErrAdvisoriesSilent, subject, ctx.Err())
+		case m := <-ch:
+			var a disconnectAdvisory
+			if json.Unmarshal(m.Data, &a) == nil && a.Server.ID == server && a.Client.ID == client {
+				return nil
+			}
+		}
+	}
+}
