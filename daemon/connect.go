@@ -36,7 +36,7 @@ func checkJetStream(ctx context.Context, nc *nats.Conn) error {
 		case err == nil:
 			return nil
 		case deniedJetStream(nc):
-			return fmt.Errorf("%w: this NATS user may not use the JetStream API at %s (%v): meshd needs the node profile's user (SECURITY.md)", ErrInvalidConfig, nc.ConnectedUrlRedacted(), nc.LastError())
+			return fmt.Errorf("%w: this NATS user may not use the JetStream API at %s (%v): meshd needs the node profile's user (SECURITY.md)", ErrNotPermitted, nc.ConnectedUrlRedacted(), nc.LastError())
 		case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
 			return fmt.Errorf("%w at %s: the membership (node registry and address directory) needs JetStream; enable it for the account, or run --standalone for a one-node mesh", ErrNoJetStream, nc.ConnectedUrlRedacted())
 		case ctx.Err() != nil:

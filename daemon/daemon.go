@@ -613,6 +613,12 @@ func Run(ctx context.Context, cfg Config) (runErr error) {
 	return nil
 }
 
+// ErrNotPermitted: the server took the node's login but its user may not
+// do what a node does (the JetStream API, the mesh's subjects): the
+// credentials are another profile's (SECURITY.md). A start that failed,
+// as a refused login is — not bad input to meshd.
+var ErrNotPermitted = errors.New("daemon: the NATS user is not permitted")
+
 // ErrNoJetStream: the NATS account has no JetStream, which the membership
 // needs.
 var ErrNoJetStream = errors.New("daemon: no JetStream on the NATS account")

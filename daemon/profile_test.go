@@ -35,8 +35,8 @@ func TestWrongProfileNamesTheNodeProfile(t *testing.T) {
 				Name: "wrong", NATSURL: s.ClientURL(), User: u.user, Password: u.pass, HTTP: "",
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			})
-			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "node profile") {
-				t.Fatalf("as %s: %v, want a config error naming the node profile", u.user, err)
+			if !errors.Is(err, ErrNotPermitted) || errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "node profile") {
+				t.Fatalf("as %s: %v, want ErrNotPermitted naming the node profile", u.user, err)
 			}
 			if d := time.Since(began); d > 5*time.Second {
 				t.Errorf("as %s: refused after %v, want at once", u.user, d)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/daemon"
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/profiles"
 )
 
 // TestMalformedNATSURL: a malformed --nats-url or MESHD_NATS_URL is bad
@@ -73,6 +74,36 @@ func TestLoginRefused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUserNotPermitted: a login the server takes for a user of another
+// profile (client, operator), refused the JetStream API, is exit 2 — a
+// start that failed, as meshctl's permission refusals are — in one line
+// naming the node profile, not exit 1 (bad input: nothing on meshd's
+// command line was wrong).
+func TestUserNotPermitted(t *testing.T) {
+	m := profiles.Mesh{}
+	conf, err := profiles.AccountsConf(m, []profiles.User{
+		{User: "node", Password: "np", Profile: profiles.Node(m)},
+		{User: "client", Password: "cp", Profile: profiles.Client(m)},
+		{User: "operator", Password: "op", Profile: profiles.Operator(m)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := natstest.RunServer(t, natstest.WithConfig(conf))
+	for _, u := range [][2]string{{"client", "cp"}, {"operator", "op"}} {
+		code, _, stderr := runMeshd(t, nil, "--nats-url", s.ClientURL(), "--user", u[0], "--password", u[1], "--name", "n1", "--http=", "--log-level=error")
+		if code != 2 {
+			t.Errorf("as %s: exit %d (%q), want 2", u[0], code, stderr)
+		}
+		// The last line is meshd's (the log's ERROR lines before it name
+		// each refused subject).
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		if last := lines[len(lines)-1]; !strings.HasPrefix(last, "meshd: ") || !strings.Contains(last, "node profile") {
+			t.Errorf("as %s: the last line %q is not meshd's naming the node profile", u[0], last)
+		}
 	}
 }
 

@@ -121,7 +121,7 @@ Exit codes: 0 after a clean drain; 1 bad usage or configuration (unknown
 flag, invalid name, address or duration, malformed NATS URL, invalid
 environment value, unknown hub kind); 2 the node could not start (port in
 use, its --data-dir held by another meshd, NATS unreachable, the login refused: the line says which credentials
-to give, no JetStream for the membership), its drain was cut short by
+to give, a user without the node profile's permissions, no JetStream for the membership), its drain was cut short by
 --drain-timeout, or a newer incarnation of its name took over; 130 a second
 signal during the drain.`,
 		Version:       buildinfo.Read().String(),
