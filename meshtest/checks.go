@@ -33,6 +33,8 @@ var checks = []Check{
 	{Name: "KVContract", Sections: "§7", Kinds: []string{KindKV}, Func: checkKVContract},
 	{Name: "FireAndForget", Sections: "§3.1", Kinds: []string{KindKV}, Func: checkFireAndForget},
 	{Name: "Concurrent", Sections: "§2.4, §5", Kinds: []string{KindEcho}, Func: checkConcurrent},
+	{Name: "WindowedLane", Sections: "§2.2, §3.4, §4.1", Kinds: []string{KindKV}, Func: checkWindowedLane},
+	{Name: "AnswerBinding", Sections: "§3.2, §4.1, §5", Kinds: []string{KindEcho}, Func: checkAnswerBinding},
 }
 
 // checkDeliver: a plain delivery is answered Accepted on acceptance, with

@@ -27,6 +27,12 @@
 // well-formed Mesh-Node, the caller's Mesh-Id echoed, and no answer key or
 // window grant on an ingress reply.
 //
+// Given Config.Node, two more checks send on that node's delivery subject
+// directly, as another node would: a windowed lane (§3.4: legs numbered in
+// an epoch, the window grant, gaps, older epochs, duplicates) and the
+// answer subject (§5: the answer key and the token binding a response to
+// it).
+//
 // The checks use addresses unique to each run (kind/meshtest-<random>-…)
 // and random delivery IDs, so they may run against a mesh that serves other
 // traffic, and several runs may share one mesh. They wait only for replies
@@ -85,6 +91,15 @@ type Config struct {
 	// (nats.CustomInboxPrefix), with tenant accounts another user. Nil
 	// skips the checks of per-caller dedupe scope.
 	OtherCaller *nats.Conn
+	// Node is a node generation of the mesh, "<name>.<gen>" as
+	// Mesh-Node and `meshctl nodes` write it, for the checks of the direct
+	// delivery subject (§2.2, §3.4 windowed lanes, §5 answers): what a
+	// sender that knows the owner sees. Empty skips them.
+	Node string
+	// NodeConn is the connection those checks send on: under the
+	// permission profiles (SECURITY.md) only a node's user may publish on
+	// delivery subjects and subscribe to answer subjects. Nil means Conn.
+	NodeConn *nats.Conn
 	// Timeout bounds each request the suite sends, and each condition it
 	// polls for; zero means DefaultTimeout. A reply not received in time
 	// fails the check.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -49,10 +50,11 @@ func startNode(t *testing.T, s *server.Server, name string) *mesh.Node {
 func TestConformance(t *testing.T) {
 	s := natstest.RunServer(t)
 	startNode(t, s, "n1")
-	startNode(t, s, "n2")
+	n2 := startNode(t, s, "n2")
 	meshtest.Run(t, meshtest.Config{
 		Conn:        natstest.Connect(t, s),
 		OtherCaller: natstest.Connect(t, s, nats.CustomInboxPrefix("_INBOX.meshtest-other")),
+		Node:        n2.ID().String(),
 		Timeout:     20 * time.Second,
 	})
 }
@@ -295,6 +297,149 @@ func TestChecksBite(t *testing.T) {
 				t.Errorf("%s fails, but without %q:\n%s", c.name, c.want, strings.Join(r.errs, "\n"))
 			}
 			t.Logf("%s against the defect: %d failures, first: %s", c.name, len(r.errs), r.errs[0])
+		})
+	}
+}
+
+// mitm stands in for a node generation (Config.Node "mitm.1") in front of
+// a real one: it forwards every leg on its delivery subject to the real
+// node's, in the order it received them on one connection, and the replies
+// back, with switchable defects — so the direct checks can be shown to fail
+// on each.
+type mitm struct {
+	prefix, real string // the real node's <name>.<gen>
+	nc           *nats.Conn
+	noWindow     bool // drop Mesh-Window from replies
+	swap         bool // forward a lane's seq 3 before its seq 2
+	badToken     bool // answers relayed with their last token digit changed
+
+	mu      sync.Mutex
+	n       int
+	replies map[string]string // relay reply token → the sender's reply subject
+	held    *nats.Msg         // seq 2, held until seq 3 went
+}
+
+func (x *mitm) serve(t *testing.T) {
+	t.Helper()
+	x.replies = map[string]string{}
+	inbox := nats.NewInbox()
+	answers := x.prefix + ".ans.mitm-relay.1"
+	var answerTo sync.Map // Mesh-Id → the sender's answer subject
+	rsub, err := x.nc.Subscribe(inbox+".*", func(r *nats.Msg) {
+		x.mu.Lock()
+		reply := x.replies[r.Subject]
+		delete(x.replies, r.Subject)
+		x.mu.Unlock()
+		out := nats.NewMsg(reply)
+		out.Header, out.Data = r.Header, r.Data
+		if out.Header.Get("Mesh-Node") == x.real {
+			out.Header.Set("Mesh-Node", "mitm.1")
+		}
+		if x.noWindow {
+			out.Header.Del("Mesh-Window")
+		}
+		_ = x.nc.PublishMsg(out)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asub, err := x.nc.Subscribe(answers, func(a *nats.Msg) {
+		to, ok := answerTo.Load(a.Header.Get("Mesh-Id"))
+		if !ok {
+			return
+		}
+		if tok := a.Header.Get("Mesh-Answer-Token"); tok != "" {
+			last := byte('0')
+			if tok[len(tok)-1] == '0' {
+				last = '1'
+			}
+			a.Header.Set("Mesh-Answer-Token", tok[:len(tok)-1]+string(last))
+		}
+		out := nats.NewMsg(to.(string))
+		out.Header, out.Data = a.Header, a.Data
+		_ = x.nc.PublishMsg(out)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, gen, _ := strings.Cut(x.real, ".")
+	sub, err := x.nc.Subscribe(x.prefix+".dlv.mitm.1.>", func(m *nats.Msg) {
+		fwd := nats.NewMsg(x.prefix + ".dlv." + name + "." + gen + strings.TrimPrefix(m.Subject, x.prefix+".dlv.mitm.1"))
+		fwd.Header, fwd.Data = m.Header, m.Data
+		if to := m.Header.Get("Mesh-Answer-To"); x.badToken && to != "" {
+			answerTo.Store(m.Header.Get("Mesh-Id"), to)
+			fwd.Header.Set("Mesh-Answer-To", answers)
+			fwd.Header.Set("Mesh-Sender", "mitm-relay.1")
+		}
+		x.mu.Lock()
+		x.n++
+		fwd.Reply = inbox + "." + strconv.Itoa(x.n)
+		x.replies[fwd.Reply] = m.Reply
+		lane := m.Header.Get("Mesh-Lane")
+		var out []*nats.Msg
+		switch {
+		case x.swap && strings.HasSuffix(lane, "/2"):
+			x.held = fwd
+		case x.swap && strings.HasSuffix(lane, "/3") && x.held != nil:
+			out = []*nats.Msg{fwd, x.held} // 3, then 2
+			x.held = nil
+		default:
+			out = []*nats.Msg{fwd}
+		}
+		x.mu.Unlock()
+		for _, f := range out {
+			_ = x.nc.PublishMsg(f)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe(); _ = rsub.Unsubscribe(); _ = asub.Unsubscribe() })
+	if err := x.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDirectChecksBite: the direct-subject checks pass through a faithful
+// relay in front of a real node, and each fails on the relay's defect: a
+// window grant dropped, two legs of a lane delivered out of order, an
+// answer whose token does not bind it to the accepting generation.
+func TestDirectChecksBite(t *testing.T) {
+	cases := []struct {
+		check  string
+		defect func(*mitm)
+		want   string
+	}{
+		{"WindowedLane", func(*mitm) {}, ""},
+		{"AnswerBinding", func(*mitm) {}, ""},
+		{"WindowedLane", func(x *mitm) { x.noWindow = true }, "want a grant of 1–4096"},
+		{"WindowedLane", func(x *mitm) { x.swap = true }, "out-of-order"},
+		{"AnswerBinding", func(x *mitm) { x.badToken = true }, "Mesh-Answer-Token"},
+	}
+	for i, c := range cases {
+		t.Run(fmt.Sprintf("%s/%d", c.check, i), func(t *testing.T) {
+			s := natstest.RunServer(t)
+			n := startNode(t, s, "real")
+			x := &mitm{prefix: meshtest.DefaultPrefix, real: n.ID().String(), nc: natstest.Connect(t, s)}
+			c.defect(x)
+			x.serve(t)
+			r := runCheck(t, c.check, meshtest.Config{Conn: natstest.Connect(t, s), Node: "mitm.1", Timeout: 5 * time.Second})
+			if r.Skipped() {
+				t.Fatalf("%s skipped", c.check)
+			}
+			if c.want == "" {
+				if r.Failed() {
+					t.Fatalf("%s fails through a faithful relay: %q", c.check, r.errs)
+				}
+				return
+			}
+			if !r.Failed() {
+				t.Fatalf("%s passes through the defective relay", c.check)
+			}
+			if !strings.Contains(strings.Join(r.errs, "\n"), c.want) {
+				t.Errorf("%s fails, but without %q:\n%s", c.check, c.want, strings.Join(r.errs, "\n"))
+			}
+			t.Logf("%s against the defect: %d failures, first: %s", c.check, len(r.errs), r.errs[0])
 		})
 	}
 }
