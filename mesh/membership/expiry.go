@@ -77,10 +77,9 @@ func (m *Membership) expiry() {
 		m.mu.RUnlock()
 		for _, n := range silent {
 			const why = "heartbeat silent past the TTL while the registry took writes"
-			if m.depart(n, Expired, time.Time{}, why) {
-				m.remove(n, Expired, time.Time{}, why)
-			}
+			m.judge(n, Expired, time.Time{}, why)
 		}
+		m.retryMarks()
 	}
 }
 
@@ -223,9 +222,7 @@ func (m *Membership) onAdvisory(msg *nats.Msg) {
 		m.emit(Event{Type: Moved, Member: v, At: time.Now(), Reason: a.Reason})
 		return
 	}
-	if m.depart(v.Node, Disconnected, a.Time, a.Reason) {
-		m.remove(v.Node, Disconnected, a.Time, a.Reason)
-	}
+	m.judge(v.Node, Disconnected, a.Time, a.Reason)
 }
 
 // MovedToken is the subject token of connection-moved notices:

@@ -345,16 +345,28 @@ type Membership struct {
 	kv   jetstream.KeyValue
 	self Member
 
-	wmu       sync.Mutex // serialises writes of our own entry (revision chain)
-	mu        sync.RWMutex
-	live      map[string]*liveMember // by name: the live generation
-	departed  map[subjects.NodeID]time.Time
-	proof     map[subjects.NodeID]bool // departed generations superseded with proof their process exited (pruned with departed)
-	joinedAt  time.Time
-	rev       uint64 // revision of our own entry
-	listeners map[int]func(Event)
-	nextL     int
-	confirmed uint64 // connection reconnect count at the last good heartbeat
+	wmu      sync.Mutex // serialises writes of our own entry (revision chain)
+	mu       sync.RWMutex
+	live     map[string]*liveMember // by name: the live generation
+	departed map[subjects.NodeID]time.Time
+	proof    map[subjects.NodeID]bool // departed generations superseded with proof their process exited (pruned with departed)
+	// durable records when a departure became a fact of the registry —
+	// the generation's entry marked Removed, deleted, or naming a newer
+	// generation — so that the departed process can no longer renew its
+	// lease (its heartbeat's revision check fails). A departure judged
+	// here but not yet durable is not taken over (TakeoverAt); its mark
+	// is retried (expiry). Pruned with departed, never before it is
+	// durable.
+	durable     map[subjects.NodeID]time.Time
+	pending     map[subjects.NodeID]pendingMark // departures judged here whose mark is not written yet
+	lastMarkTry time.Time                       // the expiry loop's last retry of pending marks
+	failMarks   atomic.Bool                     // tests: every removal mark this node writes fails, as against a registry without a leader
+	pauseBeats  atomic.Bool                     // tests: this node's heartbeats stop reaching the registry (a partitioned link), its connection up
+	joinedAt    time.Time
+	rev         uint64 // revision of our own entry
+	listeners   map[int]func(Event)
+	nextL       int
+	confirmed   uint64 // connection reconnect count at the last good heartbeat
 
 	clock registryClock
 	// The watcher's progress against this node's own writes: seenRev is
@@ -462,7 +474,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Membership{
 		cfg: cfg, log: cfg.Logger, kv: kv,
-		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{}, proof: map[subjects.NodeID]bool{},
+		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{}, proof: map[subjects.NodeID]bool{}, durable: map[subjects.NodeID]time.Time{}, pending: map[subjects.NodeID]pendingMark{},
 		listeners: map[int]func(Event){},
 		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1), rewatch: make(chan struct{}, 1),
 		ctx: mctx, cancel: cancel, joinedAt: time.Now(),

@@ -278,6 +278,10 @@ func (m *Membership) heartbeat() {
 		case <-t.C:
 		case <-m.beatNow:
 		}
+		if m.pauseBeats.Load() {
+			m.noteLease()
+			continue
+		}
 		used := m.revision()
 		err := m.beat()
 		m.noteLease()

@@ -36,8 +36,9 @@ type View interface {
 	// cluster when any there host kind.
 	HostingNear(kind, cluster string) []subjects.NodeID
 	// TakeoverAt is when a departed or superseded node's addresses may be
-	// taken over (the fencing delay after the view saw it go); the zero
-	// time means at once.
+	// taken over (the fencing delay after the view saw it go and the
+	// registry recorded it); the zero time means at once; a time in the
+	// near future may be asked again.
 	TakeoverAt(node subjects.NodeID) time.Time
 	// UnseenTakeoverAt is when a claim naming a generation the view never
 	// saw, first read at first, may be taken over.
@@ -87,7 +88,11 @@ func (m *Membership) Gone(node subjects.NodeID) bool {
 
 // TakeoverAt returns when this node may take over addresses claimed by
 // node, a generation that is not alive: its departure as this node learned
-// it plus the fencing delay; for a generation superseded by a newer one of
+// it — once the departure is also a fact of the registry (its entry marked
+// Removed, deleted, or naming a newer generation: the departed process can
+// then no longer renew its lease), the later of the two — plus the fencing
+// delay; while it is not, a heartbeat from now (ask again). For a
+// generation superseded by a newer one of
 // its name, when this node first saw the newer one plus the fencing delay;
 // and never before this node's own join plus the fencing delay. The zero
 // time means at once. A generation this node does not know (Known false)
@@ -102,7 +107,16 @@ func (m *Membership) TakeoverAt(node subjects.NodeID) time.Time {
 		return time.Time{}
 	}
 	if at, ok := m.departed[node]; ok {
-		return at.Add(m.cfg.FencingDelay)
+		d, durable := m.durable[node]
+		if !durable {
+			// Judged here, not yet in the registry: the departed
+			// process could still renew its lease and serve (a node
+			// silent past the TTL whose survivor's mark was refused
+			// resumed seconds later; the 30-minute soak, round 3).
+			// Not yet — ask again after a heartbeat.
+			return time.Now().Add(m.cfg.Heartbeat)
+		}
+		return later(at, d).Add(m.cfg.FencingDelay)
 	}
 	t := m.joinedAt.Add(m.cfg.FencingDelay)
 	if v, ok := m.live[node.Name]; ok && v.Node.Generation > node.Generation && v.since.Add(m.cfg.FencingDelay).After(t) {
@@ -237,9 +251,14 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 	m.departed[node] = now
 	keep := m.departedMemory()
 	for n, at := range m.departed { // bounded: only recent departures
+		if _, ok := m.durable[n]; !ok && len(m.departed) <= maxPendingDepartures {
+			continue // kept until its mark is written: TakeoverAt waits for it
+		}
 		if now.Sub(at) > keep {
 			delete(m.departed, n)
 			delete(m.proof, n)
+			delete(m.durable, n)
+			delete(m.pending, n)
 		}
 	}
 	m.mu.Unlock()
@@ -259,6 +278,55 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 	}
 	m.emit(Event{Type: t, Member: v.Member, At: now, Latency: lat, Reason: reason})
 	return true
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// maxPendingDepartures bounds the departures kept past departedMemory
+// because their removal mark is not yet written.
+const maxPendingDepartures = 4096
+
+// setDurable records that node's departure is a fact of the registry
+// (see Membership.durable), at its first sighting.
+func (m *Membership) setDurable(node subjects.NodeID) {
+	m.mu.Lock()
+	if _, ok := m.durable[node]; !ok {
+		m.durable[node] = time.Now()
+	}
+	delete(m.pending, node)
+	m.mu.Unlock()
+}
+
+// pendingMark is a departure judged here whose removal mark is not written
+// yet: what the mark will say.
+type pendingMark struct {
+	t      EventType
+	since  time.Time
+	reason string
+}
+
+// judge departs node as this node judged it (t, since, reason) and marks
+// its registry entry Removed; a mark that cannot be written now is retried
+// by the expiry loop (retryMarks), and until one is, TakeoverAt waits.
+func (m *Membership) judge(node subjects.NodeID, t EventType, since time.Time, reason string) {
+	if !m.depart(node, t, since, reason) {
+		return
+	}
+	if m.remove(node, t, since, reason) {
+		m.setDurable(node)
+		return
+	}
+	m.mu.Lock()
+	if _, ok := m.durable[node]; !ok {
+		m.pending[node] = pendingMark{t: t, since: since, reason: reason}
+	}
+	m.mu.Unlock()
 }
 
 // provenGoneLocked reports whether the live generation of node's name, or

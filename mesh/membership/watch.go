@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -79,8 +80,9 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		}
 		if v.Removed != nil {
 			// A survivor's removal: the departure it judged, told to
-			// every node before the entry is deleted.
+			// every node before the entry is deleted — and durable.
 			m.depart(v.Node, v.Removed.event(), v.Removed.At, v.Removed.Reason)
+			m.setDurable(v.Node)
 			break
 		}
 		now := m.clock.now()
@@ -116,16 +118,21 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 				m.mu.Unlock()
 			}
 			m.depart(old.Node, Superseded, v.Started, reason)
+			m.setDurable(old.Node) // the entry names the newer generation
 		}
 		m.mu.Lock()
 		m.live[name] = &liveMember{Member: v, seen: now, rev: rev, since: time.Now()}
 		m.mu.Unlock()
+		m.durableGone(name, v.Node.Generation) // older generations judged here: their entry is this one's now
 		m.emit(Event{Type: Joined, Member: v, At: time.Now()})
 	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
 		m.mu.RLock()
 		old, had := m.live[name]
 		m.mu.RUnlock()
 		if !had {
+			// Departed here already (its mark pending), or unknown: the
+			// entry is gone from the registry all the same.
+			m.durableGone(name, math.MaxUint64)
 			break
 		}
 		t := Left
@@ -133,6 +140,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			t = Expired // a MaxAge marker (the backstop)
 		}
 		m.depart(old.Node, t, time.Time{}, "")
+		m.setDurable(old.Node)
 	}
 	self := m.Self()
 	if name == self.Node.Name {
@@ -148,6 +156,45 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 	}
 }
 
+// durableGone records as durable every departure judged here and still
+// pending of name's generations older than below: the registry's entry for
+// the name is deleted (below math.MaxUint64) or names generation below.
+func (m *Membership) durableGone(name string, below uint64) {
+	m.mu.Lock()
+	for n := range m.departed {
+		if _, ok := m.durable[n]; !ok && n.Name == name && n.Generation < below {
+			m.durable[n] = time.Now()
+			delete(m.pending, n)
+		}
+	}
+	m.mu.Unlock()
+}
+
+// retryMarks writes the removal marks of departures judged here that are
+// not yet durable (their first write failed: the registry had no leader,
+// or a heartbeat of the departed node kept landing between the read and
+// the write), at most once a heartbeat; called by the expiry loop.
+func (m *Membership) retryMarks() {
+	if time.Since(m.lastMarkTry) < m.cfg.Heartbeat {
+		return
+	}
+	m.lastMarkTry = time.Now()
+	m.mu.RLock()
+	pending := make(map[subjects.NodeID]pendingMark, len(m.pending))
+	for n, p := range m.pending {
+		pending[n] = p
+	}
+	m.mu.RUnlock()
+	for n, p := range pending {
+		if m.ctx.Err() != nil {
+			return
+		}
+		if m.remove(n, p.t, p.since, p.reason) {
+			m.setDurable(n)
+		}
+	}
+}
+
 // remove marks node's registry entry Removed with the departure it judged
 // (t, since, reason) if it still names node (revision check), so every node
 // converges and the departed process, should it come back, finds itself
@@ -159,7 +206,16 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 // gone; the next registration of the name replaces it, or the bucket's
 // MaxAge backstop removes it. A survivor that finds it marked already
 // writes nothing.
-func (m *Membership) remove(node subjects.NodeID, t EventType, since time.Time, reason string) {
+//
+// It reports whether node's departure is now durable in the registry: the
+// mark written (by this node or another), the entry gone, or naming
+// another generation — each of which fails node's next heartbeat, so it
+// cannot renew its lease. False means the registry could not be read or
+// written (no leader, this node's link down): the caller retries.
+func (m *Membership) remove(node subjects.NodeID, t EventType, since time.Time, reason string) bool {
+	if m.failMarks.Load() {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
 	defer cancel()
 	if since.IsZero() {
@@ -167,17 +223,31 @@ func (m *Membership) remove(node subjects.NodeID, t EventType, since time.Time, 
 	}
 	for range 3 { // a heartbeat of node may land between the read and the write
 		e, err := m.kv.Get(ctx, node.Name)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return true // deleted: node's heartbeat fails
+		}
 		if err != nil {
-			return
+			return false
 		}
 		var v Member
-		if json.Unmarshal(e.Value(), &v) != nil || v.Node != node || v.Removed != nil {
-			return
+		if json.Unmarshal(e.Value(), &v) != nil {
+			return false // not an entry this node can judge: not durable by it
+		}
+		if v.Node.Name == node.Name && v.Node.Generation > node.Generation || v.Node == node && v.Removed != nil {
+			return true // superseded, or marked already
+		}
+		if v.Node != node {
+			return false // an older generation's entry: cannot be node's
 		}
 		v.Removed = &Removal{How: t.String(), Reason: reason, At: since.UTC(), By: m.Self().Node}
 		b, _ := json.Marshal(v)
-		if _, err := m.kv.Update(ctx, node.Name, b, e.Revision()); !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return
+		_, err = m.kv.Update(ctx, node.Name, b, e.Revision())
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return false
 		}
 	}
+	return false
 }
