@@ -39,6 +39,7 @@ func TestTakeoverWaitsForADurableDeparture(t *testing.T) {
 	}
 	b.pauseBeats.Store(false)
 	natstest.Eventually(t, 5*time.Second, b.Confirmed, "b's lease held again: nothing in the registry says it is gone")
+	resumed := time.Now() // b's last acknowledged heartbeat is no earlier than this
 	if at := w.TakeoverAt(bn); !time.Now().Before(at) {
 		t.Fatal("w may take b over while b serves again")
 	}
@@ -51,9 +52,14 @@ func TestTakeoverWaitsForADurableDeparture(t *testing.T) {
 	if !ok {
 		t.Fatal("b lost, yet w does not hold its departure durable")
 	}
+	// b renewed its lease after it was judged: it may hold it up to a TTL
+	// after its last acknowledged heartbeat, which came before the mark.
+	if marked.Before(resumed.Add(w.cfg.TTL)) {
+		t.Fatalf("durable from %v, less than a TTL after b renewed its lease (%v)", marked, resumed)
+	}
 	at := w.TakeoverAt(bn)
 	if at.Before(marked.Add(fencing)) {
-		t.Fatalf("takeover at %v, before the mark (%v) plus the fencing delay", at, marked)
+		t.Fatalf("takeover at %v, before the mark's durability (%v) plus the fencing delay", at, marked)
 	}
 	natstest.Eventually(t, 5*time.Second, func() bool { return !time.Now().Before(w.TakeoverAt(bn)) }, "takeover allowed after the fencing delay")
 }

@@ -29,10 +29,10 @@ func TestRemovalToldApartFromLeave(t *testing.T) {
 			// What the judge's expiry does once the victim is silent
 			// past the TTL.
 			n := victim.Self().Node
-			if !judge.depart(n, Expired, time.Time{}, "silent") {
+			if !judge.Alive(n) {
 				t.Fatal("the judge did not see the victim live")
 			}
-			judge.remove(n, Expired, time.Time{}, "silent")
+			judge.judge(n, Expired, time.Time{}, "silent")
 		}},
 		{"leave", Left, func(t *testing.T, judge, victim *Membership) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

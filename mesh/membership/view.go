@@ -294,10 +294,18 @@ const maxPendingDepartures = 4096
 
 // setDurable records that node's departure is a fact of the registry
 // (see Membership.durable), at its first sighting.
-func (m *Membership) setDurable(node subjects.NodeID) {
+func (m *Membership) setDurable(node subjects.NodeID) { m.setDurableAt(node, time.Now()) }
+
+// setDurableAt records node's departure durable from at (see
+// Membership.durable), or from the later time already recorded; only for a generation this
+// node departed (a tombstone replayed at join or on a re-watch names one
+// it never saw live: nothing to record).
+func (m *Membership) setDurableAt(node subjects.NodeID, at time.Time) {
 	m.mu.Lock()
-	if _, ok := m.durable[node]; !ok {
-		m.durable[node] = time.Now()
+	if _, departed := m.departed[node]; departed {
+		if cur, ok := m.durable[node]; !ok || at.After(cur) {
+			m.durable[node] = at // the later: a lease renewed after the judgment outlives the mark
+		}
 	}
 	delete(m.pending, node)
 	m.mu.Unlock()
@@ -309,22 +317,32 @@ type pendingMark struct {
 	t      EventType
 	since  time.Time
 	reason string
+	beat   time.Time // the BeatAt of node's entry as this node judged it
 }
 
 // judge departs node as this node judged it (t, since, reason) and marks
 // its registry entry Removed; a mark that cannot be written now is retried
 // by the expiry loop (retryMarks), and until one is, TakeoverAt waits.
 func (m *Membership) judge(node subjects.NodeID, t EventType, since time.Time, reason string) {
+	m.mu.RLock()
+	var beat time.Time
+	if v, ok := m.live[node.Name]; ok && v.Node == node {
+		beat = v.BeatAt
+	}
+	m.mu.RUnlock()
 	if !m.depart(node, t, since, reason) {
 		return
 	}
-	if m.remove(node, t, since, reason) {
-		m.setDurable(node)
+	if since.IsZero() {
+		since = time.Now() // the judgment's time, also on a retried mark
+	}
+	if at := m.remove(m.ctx, node, t, since, reason, beat); !at.IsZero() {
+		m.setDurableAt(node, at)
 		return
 	}
 	m.mu.Lock()
 	if _, ok := m.durable[node]; !ok {
-		m.pending[node] = pendingMark{t: t, since: since, reason: reason}
+		m.pending[node] = pendingMark{t: t, since: since, reason: reason, beat: beat}
 	}
 	m.mu.Unlock()
 }

@@ -82,7 +82,15 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			// A survivor's removal: the departure it judged, told to
 			// every node before the entry is deleted — and durable.
 			m.depart(v.Node, v.Removed.event(), v.Removed.At, v.Removed.Reason)
-			m.setDurable(v.Node)
+			at := time.Now()
+			m.mu.RLock()
+			if p, ok := m.pending[v.Node]; ok && v.BeatAt.After(p.beat) {
+				// It renewed its lease after this node judged it: it
+				// may hold it up to a TTL after this mark.
+				at = at.Add(m.cfg.TTL)
+			}
+			m.mu.RUnlock()
+			m.setDurableAt(v.Node, at)
 			break
 		}
 		now := m.clock.now()
@@ -173,24 +181,30 @@ func (m *Membership) durableGone(name string, below uint64) {
 // retryMarks writes the removal marks of departures judged here that are
 // not yet durable (their first write failed: the registry had no leader,
 // or a heartbeat of the departed node kept landing between the read and
-// the write), at most once a heartbeat; called by the expiry loop.
+// the write), at most once a heartbeat and within one heartbeat for the
+// round, so that the expiry loop is not held; called by the expiry loop.
 func (m *Membership) retryMarks() {
 	if time.Since(m.lastMarkTry) < m.cfg.Heartbeat {
 		return
 	}
-	m.lastMarkTry = time.Now()
+	defer func() { m.lastMarkTry = time.Now() }()
 	m.mu.RLock()
 	pending := make(map[subjects.NodeID]pendingMark, len(m.pending))
 	for n, p := range m.pending {
 		pending[n] = p
 	}
 	m.mu.RUnlock()
+	if len(pending) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Heartbeat)
+	defer cancel()
 	for n, p := range pending {
-		if m.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return
 		}
-		if m.remove(n, p.t, p.since, p.reason) {
-			m.setDurable(n)
+		if at := m.remove(ctx, n, p.t, p.since, p.reason, p.beat); !at.IsZero() {
+			m.setDurableAt(n, at)
 		}
 	}
 }
@@ -207,47 +221,77 @@ func (m *Membership) retryMarks() {
 // MaxAge backstop removes it. A survivor that finds it marked already
 // writes nothing.
 //
-// It reports whether node's departure is now durable in the registry: the
-// mark written (by this node or another), the entry gone, or naming
-// another generation — each of which fails node's next heartbeat, so it
-// cannot renew its lease. False means the registry could not be read or
-// written (no leader, this node's link down): the caller retries.
-func (m *Membership) remove(node subjects.NodeID, t EventType, since time.Time, reason string) bool {
+// It reports whether node's departure is now durable in the registry, and
+// from when on node can hold no lease (durable, zero if not): the mark
+// written (by this node or another), the entry absent (a Removed tombstone
+// is created in its place: a direct get may be served by a replica behind
+// node's registration, and only the leader's answer to a create proves the
+// key absent), or naming a newer generation — each of which fails node's
+// next heartbeat, so it cannot renew its lease. If the entry this node
+// marks carries a heartbeat of node issued after the one judged
+// (judgedBeat, its BeatAt), node renewed its lease meanwhile: it may hold
+// it up to a TTL after the mark, so durable is the mark's time plus the
+// TTL. Not durable
+// means the registry could not be read or written (no leader, this node's
+// link down, a heartbeat of node landing between each read and write):
+// the caller retries. ctx bounds it.
+func (m *Membership) remove(ctx context.Context, node subjects.NodeID, t EventType, since time.Time, reason string, judgedBeat time.Time) (durable time.Time) {
 	if m.failMarks.Load() {
-		return false
+		return time.Time{}
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if since.IsZero() {
 		since = time.Now()
 	}
+	mark := func(v Member) []byte {
+		v.Removed = &Removal{How: t.String(), Reason: reason, At: since.UTC(), By: m.Self().Node}
+		b, _ := json.Marshal(v)
+		return b
+	}
 	for range 3 { // a heartbeat of node may land between the read and the write
 		e, err := m.kv.Get(ctx, node.Name)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return true // deleted: node's heartbeat fails
+			// Absent, or so says a replica: a tombstone created at the
+			// leader proves it (and fails node's next heartbeat).
+			_, err := m.kv.Create(ctx, node.Name, mark(Member{Node: node}))
+			if err == nil {
+				return time.Now()
+			}
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue // it is there: read again
+			}
+			return time.Time{}
 		}
 		if err != nil {
-			return false
+			return time.Time{}
 		}
 		var v Member
 		if json.Unmarshal(e.Value(), &v) != nil {
-			return false // not an entry this node can judge: not durable by it
+			return time.Time{} // not an entry this node can judge: not durable by it
 		}
-		if v.Node.Name == node.Name && v.Node.Generation > node.Generation || v.Node == node && v.Removed != nil {
-			return true // superseded, or marked already
+		renewed := v.Node == node && v.BeatAt.After(judgedBeat)
+		switch {
+		case v.Node.Name == node.Name && v.Node.Generation > node.Generation && !AbsurdGeneration(v.Node.Generation):
+			return time.Now() // superseded: node's heartbeat fails
+		case v.Node == node && v.Removed != nil:
+			if renewed {
+				return time.Now().Add(m.cfg.TTL)
+			}
+			return time.Now() // marked already
+		case v.Node != node:
+			return time.Time{} // an older generation's entry, or an absurd one node's heartbeat overwrites
 		}
-		if v.Node != node {
-			return false // an older generation's entry: cannot be node's
-		}
-		v.Removed = &Removal{How: t.String(), Reason: reason, At: since.UTC(), By: m.Self().Node}
-		b, _ := json.Marshal(v)
-		_, err = m.kv.Update(ctx, node.Name, b, e.Revision())
+		_, err = m.kv.Update(ctx, node.Name, mark(v), e.Revision())
 		if err == nil {
-			return true
+			if renewed {
+				return time.Now().Add(m.cfg.TTL)
+			}
+			return time.Now()
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return false
+			return time.Time{}
 		}
 	}
-	return false
+	return time.Time{}
 }
