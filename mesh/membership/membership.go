@@ -295,6 +295,10 @@ type Config struct {
 	BeforeAnnounce func(subjects.NodeID) (undo func(), err error)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+
+	// nameRead, when set (tests), replaces readEntry in the check of a
+	// registered name (checkName): replicas that answer differently.
+	nameRead func(context.Context, string) (Member, uint64, error)
 }
 
 func (c *Config) validate() error {

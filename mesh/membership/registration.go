@@ -22,8 +22,12 @@ func (m *Membership) checkName(ctx context.Context) error {
 	var first Member
 	var firstRev uint64
 	var err error
+	read := m.readEntry
+	if m.cfg.nameRead != nil {
+		read = m.cfg.nameRead // a test's replicas
+	}
 	err = Retry(ctx, func() error {
-		first, firstRev, err = m.readEntry(ctx, name)
+		first, firstRev, err = read(ctx, name)
 		return err
 	})
 	if err != nil {
@@ -48,13 +52,23 @@ func (m *Membership) checkName(ctx context.Context) error {
 	deadline := time.Now().Add(m.cfg.TTL)
 	m.cfg.Logger.Info("a generation of this node's name is registered; waiting to see whether it still heartbeats",
 		"generation", first.Node.String(), "up_to", m.cfg.TTL.String())
+	// A live generation beats every heartbeat: within the TTL its beat
+	// count rises again and again. A read is a direct get that any replica
+	// may answer, and one behind the others shows an older beat, so that
+	// reads can step back and forth between two beats written before this
+	// process started watching (the 30-minute soak, round 3: a node
+	// restarted after its drain's leave failed against a registry electing
+	// a leader was refused its own name as "live"). So the name is live
+	// only when its beat rose past the highest seen twice, or a newer
+	// generation of it registered; anything older is a stale read.
+	seenBeat, rises := first.Beat, 0
 	for time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(m.cfg.Heartbeat / 2):
 		}
-		cur, rev, err := m.readEntry(ctx, name)
+		cur, rev, err := read(ctx, name)
 		switch {
 		case err != nil:
 			continue
@@ -64,8 +78,13 @@ func (m *Membership) checkName(ctx context.Context) error {
 		case cur.Removed != nil:
 			m.judged = cur.Node
 			return nil // judged gone by a survivor, which is removing it
-		case cur.Node != first.Node || cur.Beat != first.Beat || rev != firstRev:
-			return fmt.Errorf("%w: %s is live (heartbeating); start with --replace to take its name over, or pick another name", ErrNameInUse, cur.Node)
+		case cur.Node.Name == name && cur.Node.Generation > first.Node.Generation:
+			return fmt.Errorf("%w: %s registered meanwhile; start with --replace to take its name over, or pick another name", ErrNameInUse, cur.Node)
+		case cur.Node == first.Node && cur.Beat > seenBeat:
+			seenBeat = cur.Beat
+			if rises++; rises >= 2 {
+				return fmt.Errorf("%w: %s is live (heartbeating); start with --replace to take its name over, or pick another name", ErrNameInUse, cur.Node)
+			}
 		}
 	}
 	return nil // silent for a TTL: gone

@@ -341,3 +341,35 @@ func TestBlindWatcherExpiresNobody(t *testing.T) {
 		t.Error("the blind watcher was not restarted")
 	}
 }
+
+// TestSameNameStaleReadsNotLive: a generation that stopped beating holds
+// its name for no more than a TTL even when the registry's replicas answer
+// the name's reads differently — one behind the other, so that reads step
+// between its last two beats (the 30-minute soak, round 3: a node
+// restarted after a drain whose leave failed was refused its own name as
+// "live"). Only a beat rising past the highest seen, twice, is live.
+func TestSameNameStaleReadsNotLive(t *testing.T) {
+	s := natstest.RunServer(t)
+	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: time.Second}
+	old := join(t, natstest.Connect(t, s), "stale", cfg)
+	natstest.Eventually(t, 5*time.Second, func() bool { return old.Self().Beat >= 2 }, "a few beats")
+	old.Close() // no leave: its entry stays, its last beat recent
+	var calls int
+	cfg.Conn, cfg.Name, cfg.Kinds = natstest.Connect(t, s), "stale", []string{"echo"}
+	cfg.nameRead = func(ctx context.Context, name string) (Member, uint64, error) {
+		v, rev, err := old.readEntry(ctx, name)
+		calls++
+		if err == nil && rev > 1 && calls%2 == 1 {
+			v.Beat-- // a replica one beat behind
+			rev--
+		}
+		return v, rev, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := Join(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Join after the name's generation stopped, its reads from replicas a beat apart: %v", err)
+	}
+	t.Cleanup(m.Close)
+}
