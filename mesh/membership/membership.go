@@ -411,8 +411,13 @@ type Membership struct {
 	invalid  atomic.Int64 // registry entries ignored: unparsable, misnamed, absurd generation
 	foreign  atomic.Int64 // own entry found overwritten by another writer
 	// staleReads counts heartbeat mismatches whose read-back showed no
-	// newer revision than the write's (a lagging replica answered).
+	// newer revision than the write's (a lagging replica answered), and
+	// watched entries of this node's name older than its registration.
 	staleReads atomic.Int64
+	// joinRev is the registry revision this generation registered at:
+	// what the watcher delivers at an older revision was written before
+	// this generation existed.
+	joinRev atomic.Uint64
 	// mismatchRead, when set (tests), replaces readEntry after a
 	// heartbeat's revision mismatch.
 	mismatchRead atomic.Pointer[func(context.Context, string) (Member, uint64, error)]
@@ -555,7 +560,10 @@ type Stats struct {
 	WatcherRestarts int64 `json:"watcher_restarts"`
 	// StaleReads counts heartbeats refused for a revision mismatch whose
 	// read-back showed no newer revision than the write's: a replica that
-	// lags answered (the next beat tries again).
+	// lags answered (the next beat tries again); and entries of this node's
+	// name that its registry watch delivered from before this generation
+	// registered (a watch served by a replica that lags), not taken as the
+	// loss of its registration.
 	StaleReads int64 `json:"stale_reads"`
 }
 

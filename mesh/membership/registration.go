@@ -37,8 +37,14 @@ func (m *Membership) checkName(ctx context.Context) error {
 	if firstRev == 0 || first.Removed != nil {
 		return nil // free, or a departed generation a survivor is removing
 	}
-	if !m.cfg.Rejoin.IsZero() && first.Node == m.cfg.Rejoin {
-		m.cfg.Logger.Info("this process's own lost generation is still registered; superseding it", "generation", first.Node.String())
+	if m.ownLost(first.Node) {
+		// A rejoin whose first read shows an older generation than its
+		// own lost one came from a replica that lags (the 30-minute
+		// soak's third stop, round 3: it then read its own lost
+		// generation as "registered meanwhile" and stood down). Whatever
+		// the entry really holds, register's revision-checked write
+		// finds out: a newer process's generation is judged afresh.
+		m.cfg.Logger.Info("this process's own lost generation (or one it superseded) is still registered; superseding it", "generation", first.Node.String())
 		return nil
 	}
 	if m.proven(first.Node) {
@@ -88,6 +94,15 @@ func (m *Membership) checkName(ctx context.Context) error {
 		}
 	}
 	return nil // silent for a TTL: gone
+}
+
+// ownLost reports whether node is this process's own lost generation
+// (Config.Rejoin) or an older generation of its name, which that one
+// superseded when it registered: neither can be a live process that took
+// the name while this one was gone.
+func (m *Membership) ownLost(node subjects.NodeID) bool {
+	r := m.cfg.Rejoin
+	return !r.IsZero() && node.Name == r.Name && node.Generation != 0 && node.Generation <= r.Generation
 }
 
 // proven reports whether node is a generation of this node's name whose
@@ -214,7 +229,7 @@ func (m *Membership) register(ctx context.Context) error {
 			if ok && old.Node.Generation >= gen {
 				gen = old.Node.Generation + 1
 			}
-			if ok && !m.cfg.Replace && old.Node != m.judged && old.Node != m.Self().Node {
+			if ok && !m.cfg.Replace && old.Node != m.judged && old.Node != m.Self().Node && !m.ownLost(old.Node) {
 				// Neither the entry checkName judged nor one this Join
 				// wrote (an attempt whose reply was lost): another
 				// process registered meanwhile.
@@ -273,6 +288,7 @@ func (m *Membership) register(ctx context.Context) error {
 		m.mu.Lock()
 		m.rev, m.confirmed = rev, confirmed
 		m.mu.Unlock()
+		m.joinRev.Store(rev)
 		m.wroteOwn(rev, start)
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -372,4 +373,157 @@ func TestSameNameStaleReadsNotLive(t *testing.T) {
 		t.Fatalf("Join after the name's generation stopped, its reads from replicas a beat apart: %v", err)
 	}
 	t.Cleanup(m.Close)
+}
+
+// TestRejoinFirstReadOfAnOlderGeneration (the 30-minute soak's third stop,
+// round 3): a process whose generation was declared gone rejoins, and its
+// first read of the name, served by a replica that lags, shows the name's
+// generation before its own lost one, still beating. That generation was
+// superseded by the lost one's registration, so it is not a live process
+// that took the name: the rejoin goes on. Before, the rejoin watched it,
+// then read its own lost generation as "registered meanwhile" and stood
+// down (ErrNameInUse).
+func TestRejoinFirstReadOfAnOlderGeneration(t *testing.T) {
+	s := natstest.RunServer(t)
+	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: time.Second}
+	older := join(t, natstest.Connect(t, s), "rj", cfg)
+	natstest.Eventually(t, 5*time.Second, func() bool { return older.Self().Beat >= 2 }, "a few beats")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	olderEntry, olderRev, err := older.readEntry(ctx, "rj")
+	if err != nil || olderRev == 0 {
+		t.Fatalf("read the older generation's entry: rev %d, %v", olderRev, err)
+	}
+	older.Close() // no leave
+	lcfg := cfg
+	lcfg.Replace = true
+	lost := join(t, natstest.Connect(t, s), "rj", lcfg)
+	natstest.Eventually(t, 5*time.Second, func() bool { return lost.Self().Beat >= 2 }, "a few beats")
+	lost.Close() // declared gone, say: no leave
+	var calls atomic.Int32
+	rcfg := cfg
+	rcfg.Conn, rcfg.Name, rcfg.Kinds, rcfg.Rejoin = natstest.Connect(t, s), "rj", []string{"echo"}, lost.Self().Node
+	rcfg.nameRead = func(ctx context.Context, name string) (Member, uint64, error) {
+		if calls.Add(1) == 1 {
+			v := olderEntry // a replica that lags: the older generation, beating
+			v.BeatAt = time.Now().UTC()
+			return v, olderRev, nil
+		}
+		return lost.readEntry(ctx, name)
+	}
+	m, err := Join(ctx, rcfg)
+	if err != nil {
+		t.Fatalf("rejoin after a first read of an older generation: %v", err)
+	}
+	t.Cleanup(m.Close)
+	if g := m.Self().Node.Generation; g <= lost.Self().Node.Generation {
+		t.Fatalf("rejoined as %v, not above the lost generation %v", m.Self().Node, lost.Self().Node)
+	}
+}
+
+// watchedEntry is a registry entry as a watch delivers it (for
+// TestWatchReplayBeforeRegistration).
+type watchedEntry struct {
+	jetstream.KeyValueEntry
+	key   string
+	value []byte
+	rev   uint64
+	op    jetstream.KeyValueOp
+}
+
+func (e watchedEntry) Key() string                     { return e.key }
+func (e watchedEntry) Value() []byte                   { return e.value }
+func (e watchedEntry) Revision() uint64                { return e.rev }
+func (e watchedEntry) Operation() jetstream.KeyValueOp { return e.op }
+func (e watchedEntry) Created() time.Time              { return time.Now() }
+
+// TestWatchReplayBeforeRegistration (the 30-minute soak's third stop, round
+// 3): a registry watch served by a replica that lags replays the name's
+// older generation — or its removal mark, or its deletion — from before
+// this generation registered. That is history, not the loss of this
+// registration: the node keeps serving. What does end it, in both
+// directions: a newer generation of the name, and a deletion or removal mark
+// written after this generation registered. Before, the replay made a node
+// that had just joined drop its activations and rejoin.
+func TestWatchReplayBeforeRegistration(t *testing.T) {
+	s := natstest.RunServer(t)
+	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 5 * time.Second}
+	name := "wr"
+	older := join(t, natstest.Connect(t, s), name, cfg)
+	older.Close() // no leave
+	rcfg := cfg
+	rcfg.Replace = true
+	self := func(m *Membership) Member { return m.Self() }
+	member := func(v Member, removed bool) []byte {
+		if removed {
+			v.Removed = &Removal{How: Expired.String(), At: time.Now().UTC()}
+		}
+		b, _ := json.Marshal(v)
+		return b
+	}
+	lostAfter := func(m *Membership, e watchedEntry) bool {
+		m.apply(e)
+		select {
+		case <-m.lost:
+			return true
+		default:
+			return false
+		}
+	}
+	// replay: the watch delivers the entry before this generation's own
+	// (a replica that lags, or a watch started afresh on one): the node's
+	// view holds no entry of its name yet.
+	for _, tc := range []struct {
+		name   string
+		replay bool
+		entry  func(m *Membership) watchedEntry
+		lost   bool
+	}{
+		{"older generation, earlier revision", true, func(m *Membership) watchedEntry {
+			return watchedEntry{key: name, value: member(self(older), false), rev: m.joinRev.Load() - 1, op: jetstream.KeyValuePut}
+		}, false},
+		{"older generation's removal mark, earlier revision", true, func(m *Membership) watchedEntry {
+			return watchedEntry{key: name, value: member(self(older), true), rev: m.joinRev.Load() - 1, op: jetstream.KeyValuePut}
+		}, false},
+		{"deletion, earlier revision", true, func(m *Membership) watchedEntry {
+			return watchedEntry{key: name, rev: m.joinRev.Load() - 1, op: jetstream.KeyValueDelete}
+		}, false},
+		{"deletion, earlier revision, own entry seen", false, func(m *Membership) watchedEntry {
+			return watchedEntry{key: name, rev: m.joinRev.Load() - 1, op: jetstream.KeyValueDelete}
+		}, false},
+		{"newer generation", false, func(m *Membership) watchedEntry {
+			v := self(m)
+			v.Node.Generation++
+			return watchedEntry{key: name, value: member(v, false), rev: m.joinRev.Load() + 1000, op: jetstream.KeyValuePut}
+		}, true},
+		{"newer generation, replayed", true, func(m *Membership) watchedEntry {
+			v := self(m)
+			v.Node.Generation++
+			return watchedEntry{key: name, value: member(v, false), rev: m.joinRev.Load() + 1000, op: jetstream.KeyValuePut}
+		}, true},
+		{"deletion, later revision", false, func(m *Membership) watchedEntry {
+			return watchedEntry{key: name, rev: m.joinRev.Load() + 1000, op: jetstream.KeyValueDelete}
+		}, true},
+		{"own removal mark, later revision", false, func(m *Membership) watchedEntry {
+			return watchedEntry{key: name, value: member(self(m), true), rev: m.joinRev.Load() + 1000, op: jetstream.KeyValuePut}
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := join(t, natstest.Connect(t, s), name, rcfg)
+			if m.joinRev.Load() < 2 {
+				t.Fatalf("registered at revision %d", m.joinRev.Load())
+			}
+			if tc.replay {
+				m.mu.Lock()
+				delete(m.live, name)
+				m.mu.Unlock()
+			}
+			if got := lostAfter(m, tc.entry(m)); got != tc.lost {
+				t.Fatalf("registration lost = %v, want %v", got, tc.lost)
+			}
+			if !tc.lost && !tc.replay && !m.Alive(m.Self().Node) {
+				t.Fatalf("%v no longer alive in its own view", m.Self().Node)
+			}
+		})
+	}
 }

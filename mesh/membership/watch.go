@@ -143,6 +143,12 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.durableGone(name, math.MaxUint64)
 			break
 		}
+		if rev < old.rev {
+			// Older than the entry this node holds for the name: a
+			// re-watch served by a replica that lags replays history.
+			m.staleReads.Add(1)
+			return
+		}
 		t := Left
 		if e.Operation() == jetstream.KeyValuePurge {
 			t = Expired // a MaxAge marker (the backstop)
@@ -156,7 +162,22 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		cur, ok := m.live[name]
 		m.mu.RUnlock()
 		if !ok || cur.Node != self.Node {
-			if ok && cur.Node.Generation > self.Node.Generation {
+			newer := ok && cur.Node.Generation > self.Node.Generation
+			if !newer && rev < m.joinRev.Load() {
+				// Written before this generation registered: a watch
+				// served by a replica that lags (one just back from a
+				// partition) replays the name's older generation before
+				// this one's entry reaches it. Only a newer generation,
+				// or a write after this one's registration, ends it —
+				// before, such a replay made a node that had just joined
+				// drop everything and rejoin (the 30-minute soak's third
+				// stop, round 3). A recreated registry, whose revisions
+				// start again from 1, is caught by the heartbeat, whose
+				// revision check fails on it.
+				m.staleReads.Add(1)
+				return
+			}
+			if newer {
 				m.supersede.Store(true)
 			}
 			m.markLost("registry no longer names this generation")
