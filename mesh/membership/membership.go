@@ -274,7 +274,9 @@ type Config struct {
 	// judges any other registered generation of the name as a new process
 	// would — one that still heartbeats is ErrNameInUse (a newer process
 	// took the name while this one was gone, and this one must stand
-	// down, not take the name back). Zero for a first join.
+	// down, not take the name back). While it judges an older generation
+	// (a first read served by a replica that lags), a read of its own lost
+	// generation supersedes that one. Zero for a first join.
 	Rejoin subjects.NodeID
 	// Predecessors are generations of this node's name whose processes
 	// are proven to have exited: meshd recorded them in its data
@@ -545,32 +547,6 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 // not a generation any node chose, and is refused (ErrInvalidGeneration,
 // or ignored and counted by the watcher).
 const MaxGenerationAhead = 365 * 24 * time.Hour
-
-// Stats are counters of what the registry held that this node refused.
-type Stats struct {
-	// InvalidEntries counts registry entries ignored: not JSON, naming
-	// another key, an invalid or absurd generation.
-	InvalidEntries int64 `json:"invalid_entries"`
-	// Overwritten counts times this node found its own entry overwritten
-	// by another writer without a newer generation (and rewrote it).
-	Overwritten int64 `json:"overwritten"`
-	// WatcherRestarts counts restarts of this node's registry watcher
-	// after it failed to deliver this node's own heartbeat in time (its
-	// consumer was lost with a NATS server).
-	WatcherRestarts int64 `json:"watcher_restarts"`
-	// StaleReads counts heartbeats refused for a revision mismatch whose
-	// read-back showed no newer revision than the write's: a replica that
-	// lags answered (the next beat tries again); and entries of this node's
-	// name that its registry watch delivered from before this generation
-	// registered (a watch served by a replica that lags), not taken as the
-	// loss of its registration.
-	StaleReads int64 `json:"stale_reads"`
-}
-
-// Stats returns the counters. Safe for concurrent use.
-func (m *Membership) Stats() Stats {
-	return Stats{InvalidEntries: m.invalid.Load(), Overwritten: m.foreign.Load(), WatcherRestarts: m.rewatches.Load(), StaleReads: m.staleReads.Load()}
-}
 
 // AttemptTimeout bounds one attempt of RetryEach. JetStream's servers do
 // not refuse an API request for a stream they believe has a leader

@@ -37,14 +37,8 @@ func (m *Membership) checkName(ctx context.Context) error {
 	if firstRev == 0 || first.Removed != nil {
 		return nil // free, or a departed generation a survivor is removing
 	}
-	if m.ownLost(first.Node) {
-		// A rejoin whose first read shows an older generation than its
-		// own lost one came from a replica that lags (the 30-minute
-		// soak's third stop, round 3: it then read its own lost
-		// generation as "registered meanwhile" and stood down). Whatever
-		// the entry really holds, register's revision-checked write
-		// finds out: a newer process's generation is judged afresh.
-		m.cfg.Logger.Info("this process's own lost generation (or one it superseded) is still registered; superseding it", "generation", first.Node.String())
+	if !m.cfg.Rejoin.IsZero() && first.Node == m.cfg.Rejoin {
+		m.cfg.Logger.Info("this process's own lost generation is still registered; superseding it", "generation", first.Node.String())
 		return nil
 	}
 	if m.proven(first.Node) {
@@ -84,6 +78,17 @@ func (m *Membership) checkName(ctx context.Context) error {
 		case cur.Removed != nil:
 			m.judged = cur.Node
 			return nil // judged gone by a survivor, which is removing it
+		case !m.cfg.Rejoin.IsZero() && cur.Node == m.cfg.Rejoin && cur.Node.Generation > first.Node.Generation:
+			// This process's own lost generation, newer than what the
+			// first read showed: that read came from a replica that lags
+			// (the 30-minute soak's third stop, round 3: the rejoin read
+			// its own lost generation as "registered meanwhile" and stood
+			// down). The write register makes is revision-checked at the
+			// leader, so a newer entry than this read shows is judged
+			// afresh there.
+			m.cfg.Logger.Info("this process's own lost generation is registered; superseding it", "generation", cur.Node.String())
+			m.judged = cur.Node
+			return nil
 		case cur.Node.Name == name && cur.Node.Generation > first.Node.Generation:
 			return fmt.Errorf("%w: %s registered meanwhile; start with --replace to take its name over, or pick another name", ErrNameInUse, cur.Node)
 		case cur.Node == first.Node && cur.Beat > seenBeat:
@@ -94,15 +99,6 @@ func (m *Membership) checkName(ctx context.Context) error {
 		}
 	}
 	return nil // silent for a TTL: gone
-}
-
-// ownLost reports whether node is this process's own lost generation
-// (Config.Rejoin) or an older generation of its name, which that one
-// superseded when it registered: neither can be a live process that took
-// the name while this one was gone.
-func (m *Membership) ownLost(node subjects.NodeID) bool {
-	r := m.cfg.Rejoin
-	return !r.IsZero() && node.Name == r.Name && node.Generation != 0 && node.Generation <= r.Generation
 }
 
 // proven reports whether node is a generation of this node's name whose
@@ -229,7 +225,7 @@ func (m *Membership) register(ctx context.Context) error {
 			if ok && old.Node.Generation >= gen {
 				gen = old.Node.Generation + 1
 			}
-			if ok && !m.cfg.Replace && old.Node != m.judged && old.Node != m.Self().Node && !m.ownLost(old.Node) {
+			if ok && !m.cfg.Replace && old.Node != m.judged && old.Node != m.Self().Node {
 				// Neither the entry checkName judged nor one this Join
 				// wrote (an attempt whose reply was lost): another
 				// process registered meanwhile.
@@ -329,10 +325,23 @@ func (m *Membership) heartbeat() {
 			}
 			cur, rev, gerr := read(m.ctx, m.cfg.Name)
 			self := m.Self()
+			stale := gerr == nil && rev != 0 && rev <= used
+			if stale {
+				// A read no newer than the refused write: a replica that
+				// lags, or the stream itself lost the writes (created
+				// afresh; acknowledged writes lost, Jepsen's NATS 2.12.1
+				// finding). The leader tells them apart: if it holds
+				// nothing newer either, its entry is the fact — else a
+				// registry whose revisions fell would be taken for a
+				// lagging replica at every beat, for good.
+				if lcur, lrev, lerr := m.leaderEntry(m.ctx, m.cfg.Name); lerr == nil && lrev <= used {
+					cur, rev, stale = lcur, lrev, false
+				}
+			}
 			switch {
 			case gerr != nil:
 				// Cannot tell: try again next beat.
-			case rev != 0 && rev <= used:
+			case stale:
 				// The write at used met a newer revision, yet the read
 				// shows none newer: a read served by a replica that
 				// lags (a KV get is a direct get; one just back from a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -501,6 +502,11 @@ func TestWatchReplayBeforeRegistration(t *testing.T) {
 			v.Node.Generation++
 			return watchedEntry{key: name, value: member(v, false), rev: m.joinRev.Load() + 1000, op: jetstream.KeyValuePut}
 		}, true},
+		{"newer generation, earlier revision", true, func(m *Membership) watchedEntry {
+			v := self(m)
+			v.Node.Generation++
+			return watchedEntry{key: name, value: member(v, false), rev: m.joinRev.Load() - 1, op: jetstream.KeyValuePut}
+		}, true},
 		{"deletion, later revision", false, func(m *Membership) watchedEntry {
 			return watchedEntry{key: name, rev: m.joinRev.Load() + 1000, op: jetstream.KeyValueDelete}
 		}, true},
@@ -513,6 +519,9 @@ func TestWatchReplayBeforeRegistration(t *testing.T) {
 			if m.joinRev.Load() < 2 {
 				t.Fatalf("registered at revision %d", m.joinRev.Load())
 			}
+			// No heartbeat reaches the watch meanwhile: the view stays as
+			// the replay leaves it.
+			m.pauseBeats.Store(true)
 			if tc.replay {
 				m.mu.Lock()
 				delete(m.live, name)
@@ -521,8 +530,94 @@ func TestWatchReplayBeforeRegistration(t *testing.T) {
 			if got := lostAfter(m, tc.entry(m)); got != tc.lost {
 				t.Fatalf("registration lost = %v, want %v", got, tc.lost)
 			}
-			if !tc.lost && !tc.replay && !m.Alive(m.Self().Node) {
+			if tc.lost {
+				return
+			}
+			if !tc.replay && !m.Alive(m.Self().Node) {
 				t.Fatalf("%v no longer alive in its own view", m.Self().Node)
+			}
+			m.mu.RLock()
+			v, ok := m.live[name]
+			m.mu.RUnlock()
+			if ok && v.Node != m.Self().Node {
+				t.Fatalf("the view names %v for the name, not %v", v.Node, m.Self().Node)
+			}
+			// The registry, asked by the heartbeats, still names this
+			// generation: it stays registered.
+			m.pauseBeats.Store(false)
+			beat := m.Self().Beat
+			natstest.Eventually(t, 5*time.Second, func() bool { return m.Self().Beat >= beat+2 }, "two more heartbeats")
+			select {
+			case <-m.lost:
+				t.Fatal("registration lost after the heartbeats")
+			default:
+			}
+		})
+	}
+}
+
+// TestHeartbeatRegistryRevisionsFell: the registry's stream holds the
+// node's name at a revision below the node's last write — it was created
+// afresh, or lost acknowledged writes (Jepsen's NATS 2.12.1 finding). A
+// heartbeat refused there reads back a revision no newer than its own
+// write, which is also what a replica that lags shows; the leader tells
+// them apart, and the node acts on its entry: an older generation's is
+// written over, a newer generation's ends the registration. Before, every
+// beat counted the read as a lagging replica's, for good: the lease lapsed
+// and the node neither served nor rejoined.
+func TestHeartbeatRegistryRevisionsFell(t *testing.T) {
+	for _, newer := range []bool{false, true} {
+		t.Run(fmt.Sprintf("newer=%v", newer), func(t *testing.T) {
+			s := natstest.RunServer(t)
+			nc := natstest.Connect(t, s)
+			cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 5 * time.Second}
+			older := join(t, natstest.Connect(t, s), "rf", cfg)
+			olderSelf := older.Self()
+			older.Close()
+			rcfg := cfg
+			rcfg.Replace = true
+			m := join(t, natstest.Connect(t, s), "rf", rcfg)
+			natstest.Eventually(t, 5*time.Second, func() bool { return m.revision() > 5 }, "a few heartbeats")
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := js.DeleteKeyValue(ctx, BucketName(subjects.DefaultPrefix)); err != nil {
+				t.Fatal(err)
+			}
+			kv, err := OpenBucket(ctx, js, subjects.DefaultPrefix, cfg.TTL, 1, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := olderSelf
+			if newer {
+				v = m.Self()
+				v.Node.Generation++
+			}
+			b, _ := json.Marshal(v)
+			if _, err := kv.Create(ctx, "rf", b); err != nil {
+				t.Fatal(err)
+			}
+			natstest.Eventually(t, 10*time.Second, func() bool {
+				select {
+				case <-m.lost:
+					return true
+				default:
+				}
+				cur, _, err := m.readEntry(ctx, "rf")
+				return err == nil && cur.Node == m.Self().Node
+			}, "the node acts on the registry's entry")
+			select {
+			case <-m.lost:
+				if !newer {
+					t.Fatal("registration lost, although the registry held an older generation of the name")
+				}
+			default:
+				if newer {
+					t.Fatal("the node wrote over a newer generation of its name")
+				}
 			}
 		})
 	}

@@ -72,6 +72,10 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		if !ok {
 			return
 		}
+		if name == m.cfg.Name && rev < m.joinRev.Load() && v.Node.Generation < m.Self().Node.Generation {
+			m.replayedBeforeJoin()
+			return
+		}
 		if fresh && time.Since(v.BeatAt) < m.cfg.TTL {
 			// A fresh write seen through the watcher: the registry takes
 			// writes and this node's view of it is current (the watcher
@@ -134,6 +138,10 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		m.durableGone(name, v.Node.Generation) // older generations judged here: their entry is this one's now
 		m.emit(Event{Type: Joined, Member: v, At: time.Now()})
 	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+		if name == m.cfg.Name && rev < m.joinRev.Load() {
+			m.replayedBeforeJoin()
+			return
+		}
 		m.mu.RLock()
 		old, had := m.live[name]
 		m.mu.RUnlock()
@@ -146,6 +154,9 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		if rev < old.rev {
 			// Older than the entry this node holds for the name: a
 			// re-watch served by a replica that lags replays history.
+			// (In a registry created afresh, whose revisions start
+			// again, a genuine deletion is ignored here too: the node
+			// departs by its advisory or its silence instead.)
 			m.staleReads.Add(1)
 			return
 		}
@@ -162,26 +173,29 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		cur, ok := m.live[name]
 		m.mu.RUnlock()
 		if !ok || cur.Node != self.Node {
-			newer := ok && cur.Node.Generation > self.Node.Generation
-			if !newer && rev < m.joinRev.Load() {
-				// Written before this generation registered: a watch
-				// served by a replica that lags (one just back from a
-				// partition) replays the name's older generation before
-				// this one's entry reaches it. Only a newer generation,
-				// or a write after this one's registration, ends it —
-				// before, such a replay made a node that had just joined
-				// drop everything and rejoin (the 30-minute soak's third
-				// stop, round 3). A recreated registry, whose revisions
-				// start again from 1, is caught by the heartbeat, whose
-				// revision check fails on it.
-				m.staleReads.Add(1)
-				return
-			}
-			if newer {
+			if ok && cur.Node.Generation > self.Node.Generation {
 				m.supersede.Store(true)
 			}
 			m.markLost("registry no longer names this generation")
 		}
+	}
+}
+
+// replayedBeforeJoin handles an entry of this node's name that its watch
+// delivered from before this generation registered — an older generation
+// of the name, its removal mark, a deletion, at a revision below the
+// registration's: a watch served by a replica that lags (the 30-minute
+// soak's third stop, round 3: such a replay made a node that had just
+// joined drop everything and rejoin). It is not taken as the loss of the
+// registration, nor put in the view; but revisions can also fall for real
+// (a registry created afresh, acknowledged writes lost), so the heartbeat
+// is asked to write at once: its write is revision-checked at the leader,
+// and what it meets there decides (heartbeat).
+func (m *Membership) replayedBeforeJoin() {
+	m.staleReads.Add(1)
+	select {
+	case m.beatNow <- struct{}{}:
+	default:
 	}
 }
 
