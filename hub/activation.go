@@ -217,8 +217,9 @@ func (a *activation) turns() {
 	}
 }
 
-// handle runs one turn. A panicking handler fails the delivery, not the node.
-func (a *activation) handle(hub Hub, e *entry) {
+// handle runs one turn of e, which passed the serving gate at gated. A
+// panicking handler fails the delivery, not the node.
+func (a *activation) handle(hub Hub, e *entry, gated time.Time) {
 	h := a.host
 	d := &e.Delivery
 	d.claim = a.claimToken()
@@ -233,6 +234,13 @@ func (a *activation) handle(hub Hub, e *entry) {
 	if !e.reentrant && !a.readOnly[d.Type] {
 		a.setCurrent(ti)
 		defer a.setCurrent(nil)
+	}
+	if err := h.regate(gated); err != nil {
+		if span != nil {
+			meshtrace.End(span, err)
+		}
+		h.failTaken(e, err)
+		return
 	}
 	err := func() (err error) {
 		defer func() {
@@ -270,6 +278,7 @@ func (a *activation) handle(hub Hub, e *entry) {
 // gets an empty response, or the batch's error.
 func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	h := a.host
+	gated := time.Now()
 	if err := h.serving(); err != nil {
 		for _, e := range batch {
 			h.fail(e, err)
@@ -277,12 +286,20 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 		return
 	}
 	ds := make([]*Delivery, 0, len(batch))
+	took := make([]*entry, 0, len(batch))
 	for _, e := range batch {
 		if e.taken.CompareAndSwap(false, true) {
 			ds = append(ds, &e.Delivery)
+			took = append(took, e)
 		}
 	}
 	if len(ds) == 0 {
+		return
+	}
+	if err := h.regate(gated); err != nil {
+		for _, e := range took {
+			h.failTaken(e, err)
+		}
 		return
 	}
 	start := time.Now()

@@ -1,5 +1,7 @@
 package hub
 
+import "time"
+
 // ReadOnly is implemented by hubs whose kind marks some delivery types as
 // read-only (DESIGN §13): turns of those types only read the hub, so one
 // activation may run several of them at once — never beside an exclusive
@@ -64,6 +66,7 @@ func (a *activation) readTurns(hub Hub) {
 // turn runs one delivery taken from the inbox, unless the host no longer
 // serves or a failure already settled it.
 func (a *activation) turn(hub Hub, e *entry) {
+	gated := time.Now()
 	if err := a.host.serving(); err != nil {
 		// Fenced while it waited (e.g. the process was frozen and
 		// declared gone): another node may own the address now, so
@@ -74,5 +77,5 @@ func (a *activation) turn(hub Hub, e *entry) {
 	if !e.taken.CompareAndSwap(false, true) {
 		return // already failed (closing)
 	}
-	a.handle(hub, e)
+	a.handle(hub, e, gated)
 }

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -88,6 +89,28 @@ func (h *Host) sendLateTo(to string, e *entry, err error) error {
 	return h.cfg.Conn.PublishMsg(msg)
 }
 
+// regateAfter is how long after its serving gate a turn's handler may
+// start without the gate being asked again (regate).
+const regateAfter = 10 * time.Millisecond
+
+// regate asks the serving gate again for a turn that passed it at gated,
+// if the turn reaches its handler more than regateAfter later: the process
+// may have been stopped in between (SIGSTOP, a freeze; or starved), and
+// declared gone and taken over meanwhile. A gate asked after such a pause
+// waits for a heartbeat issued after it (membership's watchdog), which a
+// generation declared gone never gets. Found by the 30-minute soak (round
+// 3): a node frozen 5.9 s between its gate and its handler ran that turn
+// 1 ms after waking, beside its successor's turns. What remains is the few
+// instructions between regate and the handler's first: a stop that lands
+// there is answered by the store's fencing (DESIGN §7a), as for a turn
+// already running.
+func (h *Host) regate(gated time.Time) error {
+	if time.Since(gated) <= regateAfter {
+		return nil
+	}
+	return h.serving()
+}
+
 // fail settles an accepted entry with a failure, unless the handler took it:
 // in the synchronous reply if the intake has not answered yet, else as one
 // late answer.
@@ -95,6 +118,12 @@ func (h *Host) fail(e *entry, err error) {
 	if !e.taken.CompareAndSwap(false, true) {
 		return
 	}
+	h.failTaken(e, err)
+}
+
+// failTaken is fail for an entry its turn already took, whose handler it
+// will not run (regate).
+func (h *Host) failTaken(e *entry, err error) {
 	e.err = err
 	also := h.dedupe.failed(e.rec, err) // a resendable failure forgets the ID: its re-send is accepted
 	for _, to := range also {

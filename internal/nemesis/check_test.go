@@ -78,6 +78,24 @@ func TestSingleActivation(t *testing.T) {
 			t.Fatalf("excused %v, want the two overlaps", p)
 		}
 	})
+	t.Run("good: a turn started as the stop was landing, frozen mid-way", func(t *testing.T) {
+		// The freeze's start is recorded just before SIGSTOP is sent: a
+		// turn logged a moment later was running when the stop landed.
+		h := &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
+			{ID: "a", Address: "k/1", Node: "n1", Generation: 1, Activation: 1, Attempt: 1, Process: "n1#0", Start: ms(5) + 100_000, End: ms(401)},
+			turn("b", "k/1", "n2", 2, 300, 310),
+		}}
+		expect(t, CheckSingleActivation, h)
+		if p := CheckSingleActivation(h).Excused; len(p) != 1 {
+			t.Fatalf("excused %v, want the one overlap", p)
+		}
+	})
+	t.Run("bad: a turn of the frozen process logged past the grace", func(t *testing.T) {
+		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
+			turn("a", "k/1", "n1", 1, 5+FreezeGrace.Milliseconds()+1, 401),
+			turn("b", "k/1", "n2", 2, 300, 310),
+		}}, "turns of two activations overlap: a on n1.1")
+	})
 	t.Run("bad: a frozen node starts a turn after it woke", func(t *testing.T) {
 		expect(t, CheckSingleActivation, &History{Faults: []FaultRecord{freeze}, Turns: []Turn{
 			turn("b", "k/1", "n2", 2, 300, 500),
