@@ -223,7 +223,6 @@ func (a *activation) handle(hub Hub, e *entry, gated time.Time) {
 	h := a.host
 	d := &e.Delivery
 	d.claim = a.claimToken()
-	start := time.Now()
 	ctx := h.ctx
 	var span trace.Span // nil: tracing off
 	if h.tracer != nil {
@@ -242,6 +241,7 @@ func (a *activation) handle(hub Hub, e *entry, gated time.Time) {
 		h.failTaken(e, err)
 		return
 	}
+	start := time.Now()
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -296,13 +296,6 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	if len(ds) == 0 {
 		return
 	}
-	if err := h.regate(gated); err != nil {
-		for _, e := range took {
-			h.failTaken(e, err)
-		}
-		return
-	}
-	start := time.Now()
 	ctx := h.ctx
 	var span trace.Span // nil: tracing off
 	if h.tracer != nil {
@@ -312,6 +305,16 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	defer ti.ended.Store(true) // a ctx kept past the turn carries no chain (ChainOf)
 	a.setCurrent(ti)
 	defer a.setCurrent(nil)
+	if err := h.regate(gated); err != nil {
+		if span != nil {
+			meshtrace.End(span, err)
+		}
+		for _, e := range took {
+			h.failTaken(e, err)
+		}
+		return
+	}
+	start := time.Now()
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,16 +23,16 @@ import (
 // is taken before it is asked), for a turn of a plain handler and for a
 // batch.
 func TestTurnRegatedAfterAPause(t *testing.T) {
+	const n = 3 // deliveries, parked while the hub builds: a batch takes them all
 	for _, tc := range []struct {
-		name   string
-		pause  time.Duration
-		batch  bool
-		handle bool
+		name  string
+		pause bool
+		batch bool
 	}{
-		{"paused", 3 * regateAfter, false, false},
-		{"paused batch", 3 * regateAfter, true, false},
-		{"prompt", 0, false, true},
-		{"prompt batch", 0, true, true},
+		{"paused", true, false},
+		{"paused batch", true, true},
+		{"prompt", false, false},
+		{"prompt batch", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := natstest.RunServer(t)
@@ -39,8 +40,11 @@ func TestTurnRegatedAfterAPause(t *testing.T) {
 			var asked atomic.Int32
 			fenced := verdict.New(verdict.ReasonHubShuttingDown, "generation declared gone while paused")
 			h, err := New(Config{Conn: nc, Node: subjects.NodeID{Name: "g", Generation: 1}, TurnFence: func() error {
+				if !tc.pause {
+					return nil
+				}
 				if asked.Add(1) == 1 {
-					time.Sleep(tc.pause) // stopped after the gate time was taken
+					time.Sleep(3 * regateAfter) // stopped after the gate time was taken
 					return nil
 				}
 				return fenced
@@ -48,10 +52,15 @@ func TestTurnRegatedAfterAPause(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var handled atomic.Int32
+			var handled, batches atomic.Int32
+			built := make(chan struct{})
 			_ = h.Register("k", func(context.Context, subjects.Address) (Hub, error) {
+				<-built // deliveries park meanwhile
 				if tc.batch {
 					return batchFunc(func(_ context.Context, ds []*Delivery) error {
+						if len(ds) > 1 {
+							batches.Add(1)
+						}
 						handled.Add(int32(len(ds)))
 						return nil
 					}), nil
@@ -70,22 +79,35 @@ func TestTurnRegatedAfterAPause(t *testing.T) {
 				t.Fatal(err)
 			}
 			subj := subjects.DefaultPrefix.Delivery(h.Node(), "k/a", "")
-			if _, err := request(t, nc, subj, map[string]string{HeaderID: "r1", HeaderAnswerTo: "mesh.v1.ans.c.1"}, "x"); err != nil {
-				t.Fatalf("not accepted: %v", err)
+			for i := range n {
+				id := fmt.Sprintf("r%d", i)
+				if _, err := request(t, nc, subj, map[string]string{HeaderID: id, HeaderAnswerTo: "mesh.v1.ans.c.1"}, "x"); err != nil {
+					t.Fatalf("%s not accepted: %v", id, err)
+				}
 			}
-			if tc.handle {
-				natstest.Eventually(t, 5*time.Second, func() bool { return handled.Load() == 1 }, "handled")
+			close(built)
+			if !tc.pause {
+				natstest.Eventually(t, 5*time.Second, func() bool { return handled.Load() == n }, "all handled")
+				if tc.batch && batches.Load() == 0 {
+					t.Fatal("no batch turn ran")
+				}
 				return
 			}
-			m, err := ans.NextMsg(5 * time.Second)
-			if err != nil {
-				t.Fatalf("no late verdict: %v (handled %d)", err, handled.Load())
+			want := n
+			if !tc.batch {
+				want = 1 // the first turn's delivery; the later ones meet the refusing gate at once
 			}
-			if _, verr := verdict.Decode(m.Header); !errors.Is(verr, verdict.ErrHubShuttingDown) {
-				t.Fatalf("late verdict %v, want the gate's", verr)
+			for range want {
+				m, err := ans.NextMsg(5 * time.Second)
+				if err != nil {
+					t.Fatalf("no late verdict: %v (handled %d)", err, handled.Load())
+				}
+				if _, verr := verdict.Decode(m.Header); !errors.Is(verr, verdict.ErrHubShuttingDown) {
+					t.Fatalf("late verdict %v, want the gate's", verr)
+				}
 			}
 			if n := handled.Load(); n != 0 {
-				t.Fatalf("handled %d times after the pause", n)
+				t.Fatalf("handled %d deliveries after the pause", n)
 			}
 		})
 	}

@@ -32,13 +32,19 @@ import "time"
 // leaseHeld reports whether this node's last acknowledged own write was
 // issued within the TTL, and this process was not found paused since.
 func (m *Membership) leaseHeld() bool {
+	// lastTick before suspectAt: the watchdog stores suspectAt, then
+	// lastTick, so a fresh tick read here means its suspicion, if any, is
+	// read below too (read the other way round, a turn woken beside the
+	// watchdog's first tick after a pause could read the suspicion before
+	// it was stored and the tick after: a lease that looked held).
+	tick := m.lastTick.Load()
 	m.covMu.Lock()
 	start := m.lastOwn.start
 	m.covMu.Unlock()
 	if s := m.suspectAt.Load(); s != 0 && (start.IsZero() || start.UnixNano() <= s) {
 		return false // paused, and no heartbeat issued since is acknowledged yet
 	}
-	if time.Since(time.Unix(0, m.lastTick.Load())) > PauseGap {
+	if time.Since(time.Unix(0, tick)) > PauseGap {
 		return false // just woken: the watchdog has not ticked yet
 	}
 	return start.IsZero() || time.Since(start) <= m.cfg.TTL
