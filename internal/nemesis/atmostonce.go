@@ -17,8 +17,10 @@ import (
 // the fault to its end), on a generation other than the one whose answer
 // the sender took — the node ran the delivery before it noticed it was cut
 // off and its answer was lost, the at-least-once window DESIGN §6
-// documents. The same generation running a delivery twice is never
-// excused. It judges deliveries.
+// documents; likewise one that started on a node killed just after
+// (inCrashWindow): its acceptance reply died in the process's buffer. The
+// same generation running a delivery twice is never excused. It judges
+// deliveries.
 func CheckAtMostOnce(h *History) Finding {
 	turns := h.turnsByID()
 	late := h.lateByID()
@@ -30,7 +32,7 @@ func CheckAtMostOnce(h *History) Finding {
 		// caller's own re-send caused after the accepting generation may
 		// have gone.
 		unseen := func(t Turn) bool {
-			return h.inPartitionWindow(t) && (fin.Verdict != Accepted || fmt.Sprintf("%s.%d", t.Node, t.Generation) != op.Node) ||
+			return (h.inPartitionWindow(t) || h.inCrashWindow(t)) && (fin.Verdict != Accepted || fmt.Sprintf("%s.%d", t.Node, t.Generation) != op.Node) ||
 				h.resentPastOwner(op, t)
 		}
 		var v Violation
@@ -51,7 +53,7 @@ func CheckAtMostOnce(h *History) Finding {
 				v.Detail += " (the caller's own re-send reached a successor after a fault hit the generation that accepted it: the dedupe window is that generation's memory)"
 				f.Excused = append(f.Excused, v)
 			default:
-				v.Detail += " (the extra run was on a node cut off or frozen: the at-least-once window of a partition)"
+				v.Detail += " (the extra run was on a node cut off, frozen or killed as it ran it: the at-least-once window of a partition or a crash)"
 				f.Excused = append(f.Excused, v)
 			}
 		case fin.Resendable && hadEffect(ts):
@@ -65,7 +67,7 @@ func CheckAtMostOnce(h *History) Finding {
 			if len(seen) > 0 {
 				f.Violations = append(f.Violations, v)
 			} else {
-				v.Detail += " (it ran on a node cut off or frozen: the at-least-once window of a partition)"
+				v.Detail += " (it ran on a node cut off, frozen or killed as it ran it: the at-least-once window of a partition or a crash)"
 				f.Excused = append(f.Excused, v)
 			}
 		}

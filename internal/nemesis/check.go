@@ -132,6 +132,25 @@ func (h *History) inPartitionWindow(t Turn) bool {
 	return false
 }
 
+// inCrashWindow reports whether t started on a process killed (NodeKill)
+// from PartitionGrace before the kill to FreezeGrace after its recorded
+// start (the signal lands a little after it): its acceptance reply, published
+// before the turn started, may still have been in the process's buffer
+// when it died — the sender saw no acceptance, the generation's departure
+// made the leg resendable, and the re-send ran again on a successor. The
+// at-least-once window of a crash, as inPartitionWindow's is of a partition
+// (the 30-minute soak, round 3: a turn started 0.2 ms before its node's
+// SIGKILL, the delivery re-sent and run on the successor 2 s later).
+func (h *History) inCrashWindow(t Turn) bool {
+	for _, f := range h.Faults {
+		if f.Kind == NodeKill && f.Process == t.Process &&
+			f.Start-int64(PartitionGrace) <= t.Start && t.Start <= f.Start+int64(FreezeGrace) {
+			return true
+		}
+	}
+	return false
+}
+
 // rel formats a Unix-ns time as an offset from the history's start.
 func (h *History) rel(t int64) string {
 	return (time.Duration(t - h.Start)).Round(time.Microsecond).String()

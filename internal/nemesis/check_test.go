@@ -261,6 +261,34 @@ func TestAtMostOnce(t *testing.T) {
 		h.Faults[0].Isolated = []string{"n3#0"}
 		expect(t, CheckAtMostOnce, h, "accepted once, ran 2 times")
 	})
+	t.Run("crash: the extra run started as its node was killed", func(t *testing.T) {
+		kill := FaultRecord{Fault: Fault{Kind: NodeKill}, Process: "n1#0", Start: ms(500), End: ms(700)}
+		for _, tc := range []struct {
+			start int64
+			node  string // the generation whose acceptance the sender took
+			bad   bool
+		}{
+			{400, "n2.2", false}, // within PartitionGrace before the kill
+			{500, "n2.2", false}, // as the signal landed
+			{500 + FreezeGrace.Milliseconds() + 10, "n2.2", true}, // after the process was dead: no excuse
+			{100, "n2.2", true}, // long before the kill: its reply had left
+			{480, "n1.1", true}, // the killed generation's own acceptance
+		} {
+			h := &History{
+				Faults: []FaultRecord{kill},
+				Ops:    []Op{lane("a", "k/1", "", 0, 0, acceptedBy(tc.node))},
+				Turns:  []Turn{turn("a", "k/1", "n1", 1, tc.start, tc.start+1), turn("a", "k/1", "n2", 2, 800, 801)},
+			}
+			if tc.node == "n1.1" {
+				h.Turns[1] = turn("a", "k/1", "n1", 1, 600, 601)
+			}
+			if tc.bad {
+				expect(t, CheckAtMostOnce, h, "accepted once, ran 2 times")
+			} else {
+				expect(t, CheckAtMostOnce, h)
+			}
+		}
+	})
 	t.Run("bad: the generation that answered ran it twice, one run during a cut", func(t *testing.T) {
 		expect(t, CheckAtMostOnce, &History{
 			Faults: []FaultRecord{cut},
