@@ -80,6 +80,14 @@ func TestReminderPurgeRaceSetAtDueInstantPurgedWithReplacedFire(t *testing.T) {
 	for name := range okB {
 		states[name] = readState(t, st1, addr, name)
 		g, err := st1.Get(ctx, addr, name)
+		if time.Now().After(dueB.Add(-100 * time.Millisecond)) {
+			// Read at or past B's own due time (a loaded machine: the
+			// wait for A's fires ran long): B may have fired and gone
+			// meanwhile, so Get tells nothing; that B fired is checked
+			// below. (A cold go test -race ./... read 362 of 400 after
+			// dueB and failed here although every B fired.)
+			continue
+		}
 		if err != nil || string(g.Payload) != "b" {
 			hidden = append(hidden, fmt.Sprintf("%s: Get = %q, %v (schedule %s, incarnation subject %s)", name, g.Payload, err, states[name].sched, states[name].inc))
 		}
