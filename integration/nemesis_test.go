@@ -82,8 +82,11 @@ func nemesisFromEnv(t *testing.T) nemesisConfig {
 	}
 	if v := os.Getenv("NATSMESH_CHAOS_DURATION"); v != "" {
 		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			t.Fatalf("NATSMESH_CHAOS_DURATION=%q: want a positive duration (%v)", v, err)
+		switch {
+		case err != nil:
+			t.Fatalf("NATSMESH_CHAOS_DURATION=%q: want a positive Go duration such as 90s or 30m: %v", v, err)
+		case d <= 0:
+			t.Fatalf("NATSMESH_CHAOS_DURATION=%q: want a positive Go duration such as 90s or 30m", v)
 		}
 		c.duration = d
 	}
