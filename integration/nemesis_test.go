@@ -237,7 +237,7 @@ func runNemesis(t *testing.T, cfg nemesisConfig, bin string) (*nemesisRun, *neme
 		n.rec.AddLate(nemesis.Late{ID: v.ID, At: time.Now().UnixNano(), Outcome: nemesis.OutcomeOf(v.Err)})
 	}, mesh.WithTracerProvider(tp))
 	for i := range nemesisNodes {
-		nd := &nemesisNode{name: fmt.Sprintf("n%d", i)}
+		nd := &nemesisNode{name: fmt.Sprintf("n%d", i), home: i % len(c.URLs())}
 		for _, u := range c.URLs() {
 			nd.proxies = append(nd.proxies, StartProxy(t, strings.TrimPrefix(u, "nats://")))
 		}
@@ -293,6 +293,12 @@ func runNemesis(t *testing.T, cfg nemesisConfig, bin string) (*nemesisRun, *neme
 type nemesisNode struct {
 	name    string
 	proxies []*Proxy // one per server: the node's only way to NATS
+	// home is the server each of the node's processes starts on (node i
+	// on server i): the nodes spread over the cluster whatever nats.go's
+	// shuffle of the URL list picks, so a route cut always separates a
+	// node from the others and the same seed places them alike. (It moves
+	// later as any client does: on lame duck or a lost link.)
+	home int
 	proc    *Meshd   // the current process
 	procs   []*Meshd // every process, in order
 }
@@ -325,6 +331,16 @@ func (n *nemesisRun) startNode(nd *nemesisNode) {
 	bin := n.bin
 	if bin == "" {
 		bin = Build(n.t).TestNode
+	}
+	// The other servers' proxies refuse connections until the process
+	// serves: it connects to its home server, as nats.go's shuffle cannot
+	// be turned off from meshd's flags. (Faults run one at a time, so no
+	// fault holds these proxies now.)
+	for i, p := range nd.proxies {
+		if i != nd.home {
+			p.Cut(CutClose)
+			defer p.Restore()
+		}
 	}
 	nd.proc = startNode(n.t, bin, "--name", nd.name, "--nats-url", nd.url(), "--kv-replicas", "3",
 		"--ttl", membership.DefaultTTL.String(), "--heartbeat", membership.DefaultHeartbeat.String(),
