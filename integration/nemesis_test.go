@@ -298,9 +298,9 @@ type nemesisNode struct {
 	// shuffle of the URL list picks, so a route cut always separates a
 	// node from the others and the same seed places them alike. (It moves
 	// later as any client does: on lame duck or a lost link.)
-	home int
-	proc    *Meshd   // the current process
-	procs   []*Meshd // every process, in order
+	home  int
+	proc  *Meshd   // the current process
+	procs []*Meshd // every process, in order
 }
 
 func (nd *nemesisNode) procName() string { return fmt.Sprintf("%s#%d", nd.name, len(nd.procs)-1) }
