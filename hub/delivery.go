@@ -24,7 +24,8 @@ type Hub interface {
 
 // Deactivator is implemented by hubs that want to release resources when
 // their activation is idle-collected or the host closes. It runs once, after
-// the last Handle call returned.
+// the last Handle call returned. Deactivate of different activations may
+// run at the same time (an idle collection deactivates up to 32 at once).
 type Deactivator interface {
 	Deactivate(ctx context.Context)
 }
