@@ -49,6 +49,9 @@ type activation struct {
 	idle       chan struct{}
 	holds      int // explicit holds pin the activation
 	lastActive time.Time
+	// idleQueued: the activation has an entry on its host's janitor
+	// agenda (idleQueue). Guarded by the host's mu, not by mu.
+	idleQueued bool
 	building   bool // the build goroutine has not returned: deactivate waits for it
 	done       bool // deactivate ran
 	// finished: deactivate returned (the hub deactivated, the claim
@@ -490,6 +493,13 @@ func (a *activation) idleSince(t time.Time) bool {
 		return false
 	}
 	return true
+}
+
+// lastActiveAt returns when the activation was last used.
+func (a *activation) lastActiveAt() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lastActive
 }
 
 // setCurrent records the exclusive turn running (nil: none).

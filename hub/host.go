@@ -225,6 +225,7 @@ type Host struct {
 	// (activation.prev), so that no two of its turns ever overlap here.
 	retiring map[subjects.Address]*activation
 	claiming map[subjects.Address]*claimOp // cold addresses whose claim is in flight
+	idle     idleQueue                     // the janitor's agenda (idle.go)
 	parked   int                           // deliveries parked on claiming, node-wide
 	draining bool
 	sub      *nats.Subscription

@@ -92,6 +92,7 @@ func (h *Host) newActivationLocked(addr subjects.Address, f Factory, tok ClaimTo
 		delete(h.retiring, addr)
 	}
 	h.activations[addr] = a
+	h.queueIdleLocked(a, time.Now())
 	h.wg.Add(1)
 	go a.build(f)
 	return a, nil
@@ -147,7 +148,13 @@ func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release fun
 				a.mu.Lock()
 				a.holds--
 				a.lastActive = time.Now()
+				free := a.holds == 0
 				a.mu.Unlock()
+				if free {
+					h.mu.Lock()
+					h.queueIdleLocked(a, a.lastActiveAt())
+					h.mu.Unlock()
+				}
 			})
 		}, nil
 	}
@@ -242,19 +249,8 @@ func (h *Host) janitor() {
 	}
 }
 
-func (h *Host) collectIdle(before time.Time) {
-	var idle []*activation
-	h.mu.Lock()
-	for addr, a := range h.activations {
-		a.mu.Lock()
-		if a.idleSince(before) {
-			a.state = stateClosed
-			delete(h.activations, addr)
-			idle = append(idle, a)
-		}
-		a.mu.Unlock()
-	}
-	h.mu.Unlock()
+// deactivateAll deactivates idle's activations, collectWorkers at a time.
+func (h *Host) deactivateAll(idle []*activation) {
 	if len(idle) < 2 {
 		for _, a := range idle {
 			a.deactivate()

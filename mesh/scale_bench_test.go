@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -151,7 +152,22 @@ func BenchmarkScale(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		dirBytes := directoryBytes(b, s)
+		// NATSMESH_SCALE_CPUPROFILE names a file for a CPU profile of the
+		// rest while holding them: what the upkeep of held activations
+		// costs, and where.
+		if path := os.Getenv("NATSMESH_SCALE_CPUPROFILE"); path != "" {
+			f, err := os.Create(path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				b.Fatal(err)
+			}
+		}
 		restHeld := atRest()
+		if os.Getenv("NATSMESH_SCALE_CPUPROFILE") != "" {
+			pprof.StopCPUProfile()
+		}
 
 		// Collection: release every hold at once; the janitor collects
 		// each activation once it has been idle for the idle timeout.
