@@ -163,7 +163,7 @@ type Directory struct {
 	noTTL                 atomic.Bool  // the bucket refused a marker TTL: plain deletes
 	fullPasses            atomic.Int64 // full verification passes (stream re-created or lost writes, watch restarted)
 	streamCreated         time.Time    // the directory stream's creation time at the last look (under mu)
-	sweptTo               uint64       // the revision the rotating sweep reached (under mu)
+	sweepRound            []ownedClaim // what the rotating sweep has still to re-read this round, by revision (under mu)
 	newest                uint64       // the newest revision this node wrote a claim at, in this stream (under mu)
 	maxBytes              int          // tests: max_bytes of a batched read (0: the server's)
 
