@@ -20,6 +20,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/internal/nemesis"
+	"github.com/natsmesh/natsmesh/internal/plant"
 	"github.com/natsmesh/natsmesh/mesh"
 	"github.com/natsmesh/natsmesh/mesh/directory"
 	"github.com/natsmesh/natsmesh/mesh/hubstate"
@@ -134,7 +135,16 @@ func TestNemesis(t *testing.T) {
 		longTest(t) // about a minute: CI's long step runs it; scripts/chaos.sh always does
 	}
 	cfg := nemesisFromEnv(t)
-	n, h := runNemesis(t, cfg, "")
+	bin := ""
+	if bugs := os.Getenv(plant.EnvVar); bugs != "" {
+		// scripts/chaos.sh with NATSMESH_PLANT: the nodes are built with
+		// those bugs (and this process has them, if it was built with the
+		// tag, as chaos.sh does); the checks that guard them are expected
+		// to fail (TestNemesisPlanted says which).
+		bin = BuildPlantedTestNode(t)
+		t.Logf("%s=%s: test nodes built with those bugs planted (sender too: %v); the run is expected to fail its checks", plant.EnvVar, bugs, plant.Built)
+	}
+	n, h := runNemesis(t, cfg, bin)
 	if cfg.idle > 0 {
 		logActivations(t, h, cfg.idle)
 	}
