@@ -32,8 +32,10 @@ import (
 //     have missed changes), makes the next pass a full one — every claim
 //     re-read in batches (verify);
 //   - otherwise each interval re-reads one batch of claims in rotation
-//     (sweep), a backstop whose cost per interval is constant: every claim
-//     is re-read within ceil(claims / VerifyBatch) intervals.
+//     (sweep), a backstop whose cost per interval is constant: every
+//     address held is re-read within two rounds, 2 × ceil(claims /
+//     VerifyBatch) intervals (one claimed just after a round began waits
+//     for the next).
 func (d *Directory) verifier() {
 	defer d.wg.Done()
 	t := time.NewTicker(d.cfg.VerifyInterval)
@@ -155,8 +157,9 @@ func (d *Directory) streamChanged() bool {
 // the one scan of the claims held in memory, once per round —
 // ceil(claims / VerifyBatch) intervals — so an interval costs O(VerifyBatch
 // × log claims), not a scan of every claim (a scan per interval was a
-// quarter of a node's CPU at rest holding 333 000). A claim made during a
-// round is swept in the next one; one released or replaced meanwhile is
+// quarter of a node's CPU at rest holding 333 000). An address is swept
+// with whatever claim it holds when its turn comes; one claimed after a
+// round began is swept in the next round, one released meanwhile is
 // skipped.
 func (d *Directory) sweep() {
 	k := d.cfg.VerifyBatch
@@ -176,8 +179,12 @@ func (d *Directory) sweep() {
 		c := d.sweepRound[0]
 		d.sweepRound[0] = ownedClaim{}
 		d.sweepRound = d.sweepRound[1:]
-		if o, ok := d.owned[c.addr]; ok && o.id == c.id {
-			batch = append(batch, ownedClaim{c.addr, o.id, o.rev}) // the revision held now (re-created since?)
+		// By address, with the claim held now: an address re-claimed since
+		// the round began (collected and activated again, a new claim each
+		// time) is still swept — matched by its old claim it would be
+		// skipped every round, for good (found in review).
+		if o, ok := d.owned[c.addr]; ok {
+			batch = append(batch, ownedClaim{c.addr, o.id, o.rev})
 		}
 	}
 	if len(d.sweepRound) == 0 {
