@@ -32,7 +32,10 @@ type Deactivator interface {
 
 // Pinner is implemented by hubs that must not be idle-collected while they
 // hold something only they can serve (for instance sync-stream
-// subscribers). Pinned is called on the collector's goroutine.
+// subscribers). Pinned is called on the collector's goroutine, once the
+// activation has been idle for the idle timeout; one found pinned is asked
+// again an idle timeout later (so one unpinned is collected within about
+// two idle timeouts of its last use).
 type Pinner interface {
 	Pinned() bool
 }
