@@ -495,13 +495,6 @@ func (a *activation) idleSince(t time.Time) bool {
 	return true
 }
 
-// lastActiveAt returns when the activation was last used.
-func (a *activation) lastActiveAt() time.Time {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.lastActive
-}
-
 // setCurrent records the exclusive turn running (nil: none).
 func (a *activation) setCurrent(t *turnInfo) { a.current.Store(t) }
 

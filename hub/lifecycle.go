@@ -147,12 +147,13 @@ func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release fun
 			once.Do(func() {
 				a.mu.Lock()
 				a.holds--
-				a.lastActive = time.Now()
+				now := time.Now()
+				a.lastActive = now
 				free := a.holds == 0
 				a.mu.Unlock()
 				if free {
 					h.mu.Lock()
-					h.queueIdleLocked(a, a.lastActiveAt())
+					h.queueIdleLocked(a, now)
 					h.mu.Unlock()
 				}
 			})
