@@ -25,7 +25,10 @@ import (
 // out (the leg timeout, 5 s, is shorter than the TTL after which the
 // nodes beyond the cut are declared gone). release-by-address runs with
 // the nodes' idle timeout at 30 ms, so collections race the next
-// delivery's claim; claim-current catches it on the node itself, from the
+// delivery's claim (the planted release runs plant.ReleaseDelay late, as
+// round 2's serial collection made it: released at once and in parallel,
+// as the collection does now, the next claim rarely lands first — CI
+// caught nothing twice in a row without it); claim-current catches it on the node itself, from the
 // turns that start under a claim their node's directory no longer holds
 // (the next claim lands on the same node, so no second node ever runs
 // the address).

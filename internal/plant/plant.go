@@ -7,6 +7,8 @@
 // use it are integration.TestNemesisPlanted*.
 package plant
 
+import "time"
+
 // Bug names a planted bug.
 type Bug string
 
@@ -37,9 +39,18 @@ const (
 	// token — round 2's race: an activation being collected releases the
 	// claim a newer activation of the address on the same node re-adopted,
 	// deleting it under the newer one, which serves on with no claim
-	// (claim-current, from the turns' claim-held records).
+	// (claim-current, from the turns' claim-held records). Planted, the
+	// release also runs ReleaseDelay late, as round 2's did.
 	ReleaseByAddress Bug = "release-by-address"
 )
+
+// ReleaseDelay is how late a planted ReleaseByAddress release runs. Round
+// 2's collection released its activations one after another, each behind
+// the KV round trips of those before it, so a release ran long after its
+// activation left the host and a next delivery's claim landed first; the
+// collection now releases at once and in parallel, so the planted bug
+// restores the delay, or the race it needs would rarely happen.
+const ReleaseDelay = 50 * time.Millisecond
 
 // EnvVar names the bugs switched on in a planted build.
 const EnvVar = "NATSMESH_PLANT"
