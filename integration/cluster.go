@@ -274,30 +274,44 @@ func (c *Cluster) start(i int) {
 	}
 }
 
-// tryStart runs server i and waits until it accepts clients, or fails if
-// it exits first (e.g. a port was taken) or takes over 15 s.
+// tryStart runs server i and waits until it accepts clients and routes
+// (and gateways and leaf nodes, if it listens for them), or fails if it
+// exits first (e.g. a port was taken) or takes over 15 s. The server binds
+// its route port after it reports itself ready for clients, and exits if
+// that port was taken (CI: "Error listening on router port … address
+// already in use" after "Server is ready"), so accepting clients alone
+// is not proof it runs.
 func (c *Cluster) tryStart(i int) error {
 	s := c.servers[i]
 	p := Start(c.t, c.bin, "-c", s.ConfigFile)
 	s.NATSServer = &NATSServer{Process: p, URL: fmt.Sprintf("nats://127.0.0.1:%d", s.ClientPort)}
 	c.keepLog(i, p)
-	addr := fmt.Sprintf("127.0.0.1:%d", s.ClientPort)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			conn.Close()
-			return nil
+	ports := []int{s.ClientPort, s.ClusterPort}
+	for _, port := range []int{s.GatewayPort, s.LeafPort} {
+		if port != 0 {
+			ports = append(ports, port)
 		}
-		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited before serving on %s: %s", s.Name, addr, lastLine(p.Stderr()))
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not serving on %s after 15s", s.Name, addr)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
+	deadline := time.Now().Add(15 * time.Second)
+	for _, port := range ports {
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		for {
+			if conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+				conn.Close()
+				break
+			}
+			select {
+			case <-p.done:
+				return fmt.Errorf("%s exited before serving on %s: %s", s.Name, addr, lastLine(p.Stderr()))
+			default:
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s not serving on %s after 15s", s.Name, addr)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 func lastLine(s string) string {
