@@ -363,11 +363,16 @@ type Membership struct {
 	// here but not yet durable is not taken over (TakeoverAt); its mark
 	// is retried (expiry). Pruned with departed, never before it is
 	// durable.
-	durable     map[subjects.NodeID]time.Time
-	pending     map[subjects.NodeID]pendingMark // departures judged here whose mark is not written yet
-	lastMarkTry time.Time                       // the expiry loop's last retry of pending marks
-	failMarks   atomic.Bool                     // tests: every removal mark this node writes fails, as against a registry without a leader
-	pauseBeats  atomic.Bool                     // tests: this node's heartbeats stop reaching the registry (a partitioned link), its connection up
+	durable map[subjects.NodeID]time.Time
+	pending map[subjects.NodeID]pendingMark // departures judged here whose mark is not written yet
+	// lastRev is the revision of the last registry write this node saw of a
+	// departed generation's entry (pruned with departed): a deletion of the
+	// name, or a newer generation's entry, proves the departure durable
+	// only if written after it (durableGone).
+	lastRev     map[subjects.NodeID]uint64
+	lastMarkTry time.Time   // the expiry loop's last retry of pending marks
+	failMarks   atomic.Bool // tests: every removal mark this node writes fails, as against a registry without a leader
+	pauseBeats  atomic.Bool // tests: this node's heartbeats stop reaching the registry (a partitioned link), its connection up
 	joinedAt    time.Time
 	rev         uint64 // revision of our own entry
 	listeners   map[int]func(Event)
@@ -485,7 +490,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Membership{
 		cfg: cfg, log: cfg.Logger, kv: kv,
-		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{}, proof: map[subjects.NodeID]bool{}, durable: map[subjects.NodeID]time.Time{}, pending: map[subjects.NodeID]pendingMark{},
+		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{}, proof: map[subjects.NodeID]bool{}, durable: map[subjects.NodeID]time.Time{}, pending: map[subjects.NodeID]pendingMark{}, lastRev: map[subjects.NodeID]uint64{},
 		listeners: map[int]func(Event){},
 		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1), rewatch: make(chan struct{}, 1),
 		ctx: mctx, cancel: cancel, joinedAt: time.Now(),

@@ -622,3 +622,89 @@ func TestHeartbeatRegistryRevisionsFell(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleReplayDoesNotMakeADepartureDurable: a departure judged here
+// becomes a fact of the registry — and its generation's addresses may be
+// taken over after the fencing delay — when the registry's entry for the
+// name is deleted, or names a newer generation, in a write after the last
+// one this node saw of the departed generation's entry. A re-watch served
+// by a replica that lags replays older history: a deletion of the name,
+// or an older write, from before the departed generation's entry. Before,
+// a replayed deletion (with no live entry of the name left here) made
+// every pending departure of the name durable, so TakeoverAt let the
+// addresses of a generation that could still renew its lease be taken
+// over.
+func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
+	s := natstest.RunServer(t)
+	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 5 * time.Second}
+	m := join(t, natstest.Connect(t, s), "observer", cfg)
+	durable := func(n subjects.NodeID) bool {
+		m.mu.RLock()
+		defer m.mu.RUnlock()
+		_, ok := m.durable[n]
+		return ok
+	}
+	// departed joins a node of name, waits until m sees it, closes it
+	// without a leave and departs it here as judged, its mark unwritten
+	// (as when the registry refused the mark): it returns the generation
+	// and the revision of its last write m saw.
+	departed := func(name string) (subjects.NodeID, uint64) {
+		x := join(t, natstest.Connect(t, s), name, cfg)
+		node := x.Self().Node
+		deadline := time.Now().Add(10 * time.Second)
+		for !m.Alive(node) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not seen alive", node)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		x.Close()
+		m.mu.RLock()
+		rev := m.live[name].rev
+		m.mu.RUnlock()
+		if !m.depart(node, Expired, time.Time{}, "judged by the test") {
+			t.Fatalf("%s not departed", node)
+		}
+		if durable(node) {
+			t.Fatalf("%s durable before any registry write", node)
+		}
+		if at := m.TakeoverAt(node); time.Until(at) <= 0 {
+			t.Fatalf("%s: takeover at once, with its departure not durable", node)
+		}
+		return node, rev
+	}
+	newer := func(node subjects.NodeID) []byte {
+		v := Member{Node: subjects.NodeID{Name: node.Name, Generation: node.Generation + 1}, Kinds: []string{"echo"}, BeatAt: time.Now().UTC(), Started: time.Now().UTC()}
+		b, _ := json.Marshal(v)
+		return b
+	}
+	for i, tc := range []struct {
+		name    string
+		entry   func(node subjects.NodeID, rev uint64) watchedEntry
+		durable bool
+	}{
+		{"deletion replayed from before its entry", func(node subjects.NodeID, rev uint64) watchedEntry {
+			return watchedEntry{key: node.Name, rev: rev - 1, op: jetstream.KeyValueDelete}
+		}, false},
+		{"purge replayed from before its entry", func(node subjects.NodeID, rev uint64) watchedEntry {
+			return watchedEntry{key: node.Name, rev: rev - 1, op: jetstream.KeyValuePurge}
+		}, false},
+		{"newer generation's entry at an earlier revision", func(node subjects.NodeID, rev uint64) watchedEntry {
+			return watchedEntry{key: node.Name, value: newer(node), rev: rev - 1, op: jetstream.KeyValuePut}
+		}, false},
+		{"deletion after its entry", func(node subjects.NodeID, rev uint64) watchedEntry {
+			return watchedEntry{key: node.Name, rev: rev + 1, op: jetstream.KeyValueDelete}
+		}, true},
+		{"newer generation's entry after its entry", func(node subjects.NodeID, rev uint64) watchedEntry {
+			return watchedEntry{key: node.Name, value: newer(node), rev: rev + 1, op: jetstream.KeyValuePut}
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node, rev := departed(fmt.Sprintf("sr%d", i))
+			m.apply(tc.entry(node, rev))
+			if got := durable(node); got != tc.durable {
+				t.Fatalf("durable after the entry: %v, want %v (the entry's revision %v, the departed entry's %d)", got, tc.durable, tc.entry(node, rev).rev, rev)
+			}
+		})
+	}
+}

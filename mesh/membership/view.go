@@ -249,6 +249,7 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 	}
 	delete(m.live, node.Name)
 	m.departed[node] = now
+	m.lastRev[node] = v.rev
 	keep := m.departedMemory()
 	for n, at := range m.departed { // bounded: only recent departures
 		if _, ok := m.durable[n]; !ok && len(m.departed) <= maxPendingDepartures {
@@ -259,6 +260,7 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 			delete(m.proof, n)
 			delete(m.durable, n)
 			delete(m.pending, n)
+			delete(m.lastRev, n)
 		}
 	}
 	m.mu.Unlock()

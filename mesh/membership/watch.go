@@ -135,7 +135,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		m.mu.Lock()
 		m.live[name] = &liveMember{Member: v, seen: now, rev: rev, since: time.Now()}
 		m.mu.Unlock()
-		m.durableGone(name, v.Node.Generation) // older generations judged here: their entry is this one's now
+		m.durableGone(name, v.Node.Generation, rev) // older generations judged here: their entry is this one's now
 		m.emit(Event{Type: Joined, Member: v, At: time.Now()})
 	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
 		if name == m.cfg.Name && rev < m.joinRev.Load() {
@@ -147,8 +147,10 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 		m.mu.RUnlock()
 		if !had {
 			// Departed here already (its mark pending), or unknown: the
-			// entry is gone from the registry all the same.
-			m.durableGone(name, math.MaxUint64)
+			// entry is gone from the registry all the same — if this
+			// deletion came after the departed generation's entry, not
+			// a replica's replay of an older one (durableGone).
+			m.durableGone(name, math.MaxUint64, rev)
 			break
 		}
 		if rev < old.rev {
@@ -201,11 +203,16 @@ func (m *Membership) replayedBeforeJoin() {
 
 // durableGone records as durable every departure judged here and still
 // pending of name's generations older than below: the registry's entry for
-// the name is deleted (below math.MaxUint64) or names generation below.
-func (m *Membership) durableGone(name string, below uint64) {
+// the name is deleted (below math.MaxUint64) or names generation below, in
+// a write at rev. Only a write after the last one this node saw of the
+// departed generation's entry counts: a re-watch served by a replica that
+// lags replays older history — a deletion of the name from before that
+// generation registered — and taking that for its removal would let its
+// addresses be taken over while it may still renew its lease.
+func (m *Membership) durableGone(name string, below, rev uint64) {
 	m.mu.Lock()
 	for n := range m.departed {
-		if _, ok := m.durable[n]; !ok && n.Name == name && n.Generation < below {
+		if _, ok := m.durable[n]; !ok && n.Name == name && n.Generation < below && rev > m.lastRev[n] {
 			m.durable[n] = time.Now()
 			delete(m.pending, n)
 		}
