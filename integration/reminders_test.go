@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"strings"
 	"syscall"
@@ -141,10 +142,14 @@ func TestReminderAcrossOwnerSIGKILL(t *testing.T) {
 		"the interval did not keep firing after its owner's SIGKILL")
 	// Nothing of the one-shot is left to fire again, and each fire ran
 	// once, on the survivor.
-	natstest.Eventually(t, 30*time.Second, func() bool {
-		_, err := st.Get(ctx, "count/once", "wake")
+	var left reminders.Reminder
+	if !natstest.Poll(30*time.Second, func() bool {
+		var err error
+		left, err = st.Get(ctx, "count/once", "wake")
 		return err != nil
-	}, "the one-shot is still stored")
+	}) {
+		t.Fatalf("the one-shot is still stored 30 s after it fired: %s", reminderLeft(left))
+	}
 	for addr, byID := range map[subjects.Address]map[string][]*nats.Msg{"count/once": execs.fires("count/once"), every: execs.fires(string(every))} {
 		for id, ms := range byID {
 			if len(ms) != 1 {
@@ -214,4 +219,11 @@ func TestReminderAcrossNATSServerRestart(t *testing.T) {
 	if r, err := st.Get(ctx, "count/r2", "beat"); err != nil || !strings.HasPrefix(r.Schedule.String(), "@every") {
 		t.Fatalf("interval after the restart: %+v %v", r, err)
 	}
+}
+
+// reminderLeft says what Get still found of a reminder: its schedule, a
+// fire not yet delivered, or its recorded failure.
+func reminderLeft(r reminders.Reminder) string {
+	b, _ := json.Marshal(r)
+	return string(b)
 }

@@ -500,3 +500,89 @@ func TestReminderOneShotFailureListed(t *testing.T) {
 		t.Fatalf("List after Cancel: %v %+v", err, rs)
 	}
 }
+
+// TestReminderOneShotIncarnationEndedOrRedelivered: a one-shot's fire is
+// acknowledged only once its incarnation is ended; until then Get would
+// report the reminder as still set although its schedule is gone and
+// nothing fires it (an integration run under a cold compile found a
+// delivered one-shot still stored 30 s later). Here the stream refuses the
+// ending write (every write over its maximum message size, set during the first delivery): the
+// fire is not acknowledged but retried, delivered again under its ID (the
+// hub's dedupe makes that safe), and once the stream takes the write, the
+// incarnation ends and Get finds nothing.
+func TestReminderOneShotIncarnationEndedOrRedelivered(t *testing.T) {
+	t.Parallel()
+	st := open(t)
+	ctx := context.Background()
+	// writes switches the stream's writes on and off: off, any message
+	// is over its maximum size (message schedules keep rollups on).
+	writes := func(on bool) {
+		t.Helper()
+		info, err := st.stream.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := info.Config
+		cfg.MaxMsgSize = -1
+		if !on {
+			cfg.MaxMsgSize = 1
+		}
+		if _, err := st.js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var first sync.Once
+	rec := &recorder{fail: func(Fire) error {
+		first.Do(func() { writes(false) })
+		return nil
+	}}
+	var mu sync.Mutex
+	var outcomes []Outcome
+	run(t, st, rec, func(_ Fire, o Outcome, _ error) {
+		mu.Lock()
+		outcomes = append(outcomes, o)
+		mu.Unlock()
+	})
+	if _, err := st.Set(ctx, Reminder{Address: "timer/e", Name: "wake", Schedule: In(500 * time.Millisecond), Type: "tick"}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 15*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(outcomes, Retried)
+	}, "the fire whose incarnation could not be ended was not retried: outcomes %v, fires %d", outcomesOf(&mu, &outcomes), rec.count())
+	mu.Lock()
+	if slices.Contains(outcomes, Delivered) {
+		t.Fatalf("outcomes %v: acknowledged as delivered with its incarnation current", outcomes)
+	}
+	mu.Unlock()
+	if _, err := st.Get(ctx, "timer/e", "wake"); err != nil {
+		t.Fatalf("Get with the fire not yet acknowledged: %v, want the reminder", err)
+	}
+	writes(true)
+	natstest.Eventually(t, 15*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(outcomes, Delivered)
+	}, "the redelivered fire was not delivered")
+	if _, err := st.Get(ctx, "timer/e", "wake"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after the one-shot's incarnation ended: %v, want ErrNotFound", err)
+	}
+	fires, _ := rec.snapshot()
+	if len(fires) < 2 || fires[0].ID != fires[len(fires)-1].ID {
+		t.Fatalf("fires %+v: want the one fire delivered again under its ID", fires)
+	}
+}
+
+type outcomeList struct {
+	mu *sync.Mutex
+	o  *[]Outcome
+}
+
+func (l outcomeList) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return fmt.Sprint(*l.o)
+}
+
+func outcomesOf(mu *sync.Mutex, o *[]Outcome) fmt.Stringer { return outcomeList{mu, o} }

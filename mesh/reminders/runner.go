@@ -281,6 +281,22 @@ func (r *Runner) handle(m jetstream.Msg) {
 		_ = m.Ack()
 		r.outcome(f, Dropped, nil)
 		return
+	case f.Schedule.OneShot():
+		// A one-shot's fire read before the server purged its schedule
+		// (it publishes the fire, then purges): its incarnation is ended
+		// after the delivery all the same, or once the purge lands Get
+		// finds the incarnation's copy and reports the one-shot as still
+		// set (found under a cold compile: a delivered one-shot stored
+		// 30 s later). Only this fire's incarnation: a Set landing
+		// between the two reads is left alone.
+		i, err := r.s.last(r.ctx, r.s.subject("i", f.Address, f.Name))
+		if err != nil {
+			r.retry(m, f, fmt.Errorf("reminders: read incarnation of %s %s: %w", f.Address, f.Name, err))
+			return
+		}
+		if i != nil && i.Header.Get(HeaderIncarnation) == m.Headers().Get(HeaderIncarnation) {
+			inc = i
+		}
 	}
 	// A fire redelivered while this runner still delivers it (its ack
 	// wait passed regardless of the keep-alive): leave it to the first.
@@ -308,7 +324,14 @@ func (r *Runner) handle(m jetstream.Msg) {
 	case err == nil:
 		// A one-shot's incarnation ends with its delivery: a tombstone
 		// before the ack, so a redelivery after a lost ack is dropped.
-		r.endIncarnation(f, inc, TombstoneTTL, true)
+		if !r.endIncarnation(f, inc, TombstoneTTL, true) {
+			// Not acknowledged: JetStream redelivers the fire, its ID
+			// dedupes the delivery at the hub, and the incarnation is
+			// ended then.
+			_ = m.NakWithDelay(r.cfg.RetryBase)
+			r.outcome(f, Retried, errors.New("delivered, but its incarnation could not be ended: left to be redelivered"))
+			return
+		}
 		if f.Attempt > 1 {
 			r.clearRetrying(m, f)
 		}
@@ -417,11 +440,16 @@ func (r *Runner) clearRetrying(m jetstream.Msg, f Fire) {
 // fire current; nil: nothing to end): a tombstone, or the same incarnation
 // again, expiring after ttl, so the incarnation subject does not outlive
 // the reminder. Written only if no Set replaced inc meanwhile (JetStream's
-// expected last subject sequence); a failure to write it is logged and
-// harmless (the incarnation stays until the next Set or Cancel).
-func (r *Runner) endIncarnation(f Fire, inc *jetstream.RawStreamMsg, ttl time.Duration, tombstone bool) {
+// expected last subject sequence: a conflict means a Set, a Cancel or an
+// earlier attempt of this write whose acknowledgement was lost got there
+// first, and ends it too). It tries endAttempts times, RetryBase apart, and
+// reports whether the incarnation is ended: one left current makes Get
+// report the one-shot as still set, although its schedule is gone and
+// nothing will fire it (an integration run under a cold compile found a
+// delivered one-shot still stored 30 s later).
+func (r *Runner) endIncarnation(f Fire, inc *jetstream.RawStreamMsg, ttl time.Duration, tombstone bool) bool {
 	if inc == nil {
-		return
+		return true
 	}
 	m := nats.NewMsg(inc.Subject)
 	if !tombstone {
@@ -430,12 +458,29 @@ func (r *Runner) endIncarnation(f Fire, inc *jetstream.RawStreamMsg, ttl time.Du
 	m.Header.Set(natsRollup, "sub")
 	m.Header.Set(natsTTL, ttl.String())
 	m.Header.Set(nats.ExpectedLastSubjSeqHdr, strconv.FormatUint(inc.Sequence, 10))
-	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
-	defer cancel()
-	if _, err := r.s.js.PublishMsg(ctx, m); err != nil {
-		r.s.log.Debug("reminder incarnation not ended", "address", f.Address, "name", f.Name, "err", err)
+	var err error
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+		_, err = r.s.js.PublishMsg(ctx, m)
+		cancel()
+		var apiErr *jetstream.APIError
+		if err == nil || errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return true
+		}
+		if attempt == endAttempts || r.ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-r.ctx.Done():
+		case <-time.After(r.cfg.RetryBase):
+		}
 	}
+	r.s.log.Warn("reminder incarnation not ended: its fire is left to be redelivered", "address", f.Address, "name", f.Name, "err", err)
+	return false
 }
+
+// endAttempts is how many times endIncarnation writes before it gives up.
+const endAttempts = 3
 
 // keepAlive tells JetStream the fire is still in hand every AckWait/3
 // until the returned stop is called.
