@@ -121,6 +121,7 @@ type Runner struct {
 
 	idsMu sync.Mutex
 	ids   map[string]struct{} // fires being delivered by this runner, by ID
+	ended map[string]struct{} // fires delivered here whose incarnation is still to be ended (markDelivered)
 }
 
 // Run creates or updates the shared durable consumer and starts taking
@@ -171,7 +172,7 @@ func (s *Store) Run(ctx context.Context, cfg RunConfig) (*Runner, error) {
 		}
 		s.log.Warn("reminder consumer kept its existing settings", "consumer", ConsumerName, "err", err)
 	}
-	r := &Runner{s: s, cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), done: make(chan struct{}), ids: map[string]struct{}{}}
+	r := &Runner{s: s, cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), done: make(chan struct{}), ids: map[string]struct{}{}, ended: map[string]struct{}{}}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	cc, err := cons.Consume(r.take, jetstream.PullMaxMessages(cfg.Concurrency),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -315,23 +316,34 @@ func (r *Runner) handle(m jetstream.Msg) {
 		delete(r.ids, f.ID)
 		r.idsMu.Unlock()
 	}()
-	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
-	stopTicks := r.keepAlive(ctx, m)
-	err = r.cfg.Deliver(ctx, f)
-	stopTicks()
-	cancel()
+	// The fire stays in hand (JetStream's ack wait kept from running out)
+	// until it is acknowledged or handed back: also while its
+	// incarnation is ended after the delivery, which may take longer
+	// than the ack wait — else another runner would deliver it again
+	// meanwhile.
+	stopTicks := r.keepAlive(r.ctx, m)
+	defer stopTicks()
+	if r.deliveredBefore(f.ID) {
+		err = nil // delivered by this runner already; only its ending was left
+	} else {
+		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
+		err = r.cfg.Deliver(ctx, f)
+		cancel()
+	}
 	switch {
 	case err == nil:
 		// A one-shot's incarnation ends with its delivery: a tombstone
 		// before the ack, so a redelivery after a lost ack is dropped.
 		if !r.endIncarnation(f, inc, TombstoneTTL, true) {
-			// Not acknowledged: JetStream redelivers the fire, its ID
-			// dedupes the delivery at the hub, and the incarnation is
-			// ended then.
-			_ = m.NakWithDelay(r.cfg.RetryBase)
-			r.outcome(f, Retried, errors.New("delivered, but its incarnation could not be ended: left to be redelivered"))
+			// Not acknowledged: JetStream redelivers the fire after a
+			// back-off, and this runner then only ends the incarnation
+			// (deliveredBefore; on another runner, the fire's ID
+			// dedupes the delivery at the hub).
+			r.markDelivered(f.ID)
+			r.retry(m, f, errors.New("delivered, but its incarnation could not be ended: left to be redelivered"))
 			return
 		}
+		r.forgetDelivered(f.ID)
 		if f.Attempt > 1 {
 			r.clearRetrying(m, f)
 		}
@@ -464,8 +476,30 @@ func (r *Runner) endIncarnation(f Fire, inc *jetstream.RawStreamMsg, ttl time.Du
 		_, err = r.s.js.PublishMsg(ctx, m)
 		cancel()
 		var apiErr *jetstream.APIError
-		if err == nil || errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		switch {
+		case err == nil:
 			return true
+		case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence:
+			// The subject moved on. Ended, unless it still names this
+			// incarnation (a refused Set puts the previous one back at
+			// a new sequence: Store.restoreIncarnation): then end that.
+			// (JSErrCodeStreamWrongLastSequenceConstant, 10164, is not
+			// a mismatch: a write on the subject is still in flight —
+			// try again.)
+			if !tombstone {
+				return true // the same incarnation written again: ours or not, it expires
+			}
+			ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+			cur, gerr := r.s.last(ctx, inc.Subject)
+			cancel()
+			switch {
+			case gerr != nil:
+				err = gerr
+			case cur == nil || cur.Header.Get(HeaderIncarnation) != inc.Header.Get(HeaderIncarnation) || cur.Header.Get(HeaderCancelled) != "":
+				return true
+			default:
+				m.Header.Set(nats.ExpectedLastSubjSeqHdr, strconv.FormatUint(cur.Sequence, 10))
+			}
 		}
 		if attempt == endAttempts || r.ctx.Err() != nil {
 			break
@@ -481,6 +515,36 @@ func (r *Runner) endIncarnation(f Fire, inc *jetstream.RawStreamMsg, ttl time.Du
 
 // endAttempts is how many times endIncarnation writes before it gives up.
 const endAttempts = 3
+
+// markDelivered records that this runner delivered fire id and could not
+// end its incarnation: its redelivery here only ends it. Bounded: past
+// maxEndsPending the set starts afresh (a fire forgotten is delivered
+// again under its ID, which the hub's dedupe answers).
+func (r *Runner) markDelivered(id string) {
+	r.idsMu.Lock()
+	defer r.idsMu.Unlock()
+	if len(r.ended) >= maxEndsPending {
+		clear(r.ended)
+	}
+	r.ended[id] = struct{}{}
+}
+
+func (r *Runner) deliveredBefore(id string) bool {
+	r.idsMu.Lock()
+	defer r.idsMu.Unlock()
+	_, ok := r.ended[id]
+	return ok
+}
+
+func (r *Runner) forgetDelivered(id string) {
+	r.idsMu.Lock()
+	delete(r.ended, id)
+	r.idsMu.Unlock()
+}
+
+// maxEndsPending bounds the fires a runner remembers it delivered while
+// their incarnations could not be ended.
+const maxEndsPending = 4096
 
 // keepAlive tells JetStream the fire is still in hand every AckWait/3
 // until the returned stop is called.
