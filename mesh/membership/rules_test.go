@@ -651,13 +651,7 @@ func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
 	departed := func(name string) (subjects.NodeID, uint64) {
 		x := join(t, natstest.Connect(t, s), name, cfg)
 		node := x.Self().Node
-		deadline := time.Now().Add(10 * time.Second)
-		for !m.Alive(node) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not seen alive", node)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		natstest.Eventually(t, 10*time.Second, func() bool { return m.Alive(node) }, "%s not seen alive", node)
 		x.Close()
 		m.mu.RLock()
 		rev := m.live[name].rev

@@ -550,7 +550,7 @@ func TestReminderOneShotIncarnationEndedOrRedelivered(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Contains(outcomes, Retried)
-	}, "the fire whose incarnation could not be ended was not retried: outcomes %v, fires %d", outcomesOf(&mu, &outcomes), rec.count())
+	}, "the fire whose incarnation could not be ended was not retried: outcomes %v", outcomesOf(&mu, &outcomes))
 	mu.Lock()
 	if slices.Contains(outcomes, Delivered) {
 		t.Fatalf("outcomes %v: acknowledged as delivered with its incarnation current", outcomes)

@@ -264,9 +264,8 @@ func (r *Runner) handle(m jetstream.Msg) {
 			r.outcome(f, Dropped, nil)
 			return
 		}
-		inc, err = r.s.last(r.ctx, r.s.subject("i", f.Address, f.Name))
-		if err != nil {
-			r.retry(m, f, fmt.Errorf("reminders: read incarnation of %s %s: %w", f.Address, f.Name, err))
+		if inc, err = r.incarnation(f); err != nil {
+			r.retry(m, f, err)
 			return
 		}
 		if !currentWithoutSchedule(m.Headers(), inc) {
@@ -290,9 +289,9 @@ func (r *Runner) handle(m jetstream.Msg) {
 		// set (found under a cold compile: a delivered one-shot stored
 		// 30 s later). Only this fire's incarnation: a Set landing
 		// between the two reads is left alone.
-		i, err := r.s.last(r.ctx, r.s.subject("i", f.Address, f.Name))
+		i, err := r.incarnation(f)
 		if err != nil {
-			r.retry(m, f, fmt.Errorf("reminders: read incarnation of %s %s: %w", f.Address, f.Name, err))
+			r.retry(m, f, err)
 			return
 		}
 		if i != nil && i.Header.Get(HeaderIncarnation) == m.Headers().Get(HeaderIncarnation) {
@@ -511,6 +510,16 @@ func (r *Runner) endIncarnation(f Fire, inc *jetstream.RawStreamMsg, ttl time.Du
 	}
 	r.s.log.Warn("reminder incarnation not ended: its fire is left to be redelivered", "address", f.Address, "name", f.Name, "err", err)
 	return false
+}
+
+// incarnation reads the last message of f's reminder's incarnation
+// subject (nil: none).
+func (r *Runner) incarnation(f Fire) (*jetstream.RawStreamMsg, error) {
+	m, err := r.s.last(r.ctx, r.s.subject("i", f.Address, f.Name))
+	if err != nil {
+		return nil, fmt.Errorf("reminders: read incarnation of %s %s: %w", f.Address, f.Name, err)
+	}
+	return m, nil
 }
 
 // endAttempts is how many times endIncarnation writes before it gives up.
