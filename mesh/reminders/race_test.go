@@ -124,6 +124,8 @@ func TestBreakConcurrentSetsOneShotNeverFires(t *testing.T) {
 	const addr = "timer/race"
 	due := time.Now().Add(2 * time.Second)
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	succeeded := map[string]map[string]bool{} // name → payloads whose Set returned success
 	start := make(chan struct{})
 	for i := range names {
 		for j := range setters {
@@ -131,8 +133,18 @@ func TestBreakConcurrentSetsOneShotNeverFires(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				if _, err := st.Set(ctx, Reminder{Address: addr, Name: fmt.Sprintf("n%d", i), Schedule: At(due), Payload: fmt.Appendf(nil, "p%d", j)}); err != nil && !errors.Is(err, ErrConcurrent) {
+				name, pay := fmt.Sprintf("n%d", i), fmt.Sprintf("p%d", j)
+				_, err := st.Set(ctx, Reminder{Address: addr, Name: name, Schedule: At(due), Payload: []byte(pay)})
+				if err != nil && !errors.Is(err, ErrConcurrent) {
 					t.Error(err)
+				}
+				if err == nil {
+					mu.Lock()
+					if succeeded[name] == nil {
+						succeeded[name] = map[string]bool{}
+					}
+					succeeded[name][pay] = true
+					mu.Unlock()
 				}
 			}()
 		}
@@ -143,12 +155,25 @@ func TestBreakConcurrentSetsOneShotNeverFires(t *testing.T) {
 	states := map[string]state{}
 	for i := range names {
 		name := fmt.Sprintf("n%d", i)
+		if len(succeeded[name]) == 0 {
+			t.Fatalf("no Set of %s succeeded: the last to write its incarnation must", name)
+		}
+		states[name] = readState(t, st, addr, name)
 		g, err := st.Get(ctx, addr, name)
+		if errors.Is(err, ErrNotFound) && time.Now().After(due.Add(-100*time.Millisecond)) {
+			// Read at or past the due time (a loaded machine: 160 Sets
+			// under -race ran long — CI failed here once): the one-shot
+			// may have fired and gone, so Get tells nothing; that one
+			// of the successful Sets fired is checked below.
+			continue
+		}
 		if err != nil {
 			t.Fatalf("Get %s after the Sets: %v", name, err)
 		}
+		if !succeeded[name][string(g.Payload)] {
+			t.Fatalf("Get %s shows %q, set by no successful Set (succeeded: %v)", name, g.Payload, succeeded[name])
+		}
 		shown[name] = string(g.Payload)
-		states[name] = readState(t, st, addr, name)
 	}
 	// Every reminder fires once its due time passed and the stream
 	// holds no fire any more.
@@ -159,8 +184,16 @@ func TestBreakConcurrentSetsOneShotNeverFires(t *testing.T) {
 	for i := range names {
 		name := fmt.Sprintf("n%d", i)
 		got := b.get(name)
-		if got[shown[name]] == 0 {
-			lost = append(lost, fmt.Sprintf("%s (Get showed %s, delivered %v, schedule incarnation %s, incarnation subject %s)", name, shown[name], got, states[name].sched, states[name].inc))
+		fired := got[shown[name]] > 0
+		if _, ok := shown[name]; !ok {
+			// Get came too late to tell: a successful Set's payload fired.
+			fired = false
+			for pay := range succeeded[name] {
+				fired = fired || got[pay] > 0
+			}
+		}
+		if !fired {
+			lost = append(lost, fmt.Sprintf("%s (Get showed %q, succeeded %v, delivered %v, schedule incarnation %s, incarnation subject %s)", name, shown[name], succeeded[name], got, states[name].sched, states[name].inc))
 		}
 	}
 	if len(lost) > 0 {
