@@ -369,15 +369,20 @@ type Membership struct {
 	// departed generation's entry (pruned with departed): a deletion of the
 	// name, or a newer generation's entry, proves the departure durable
 	// only if written after it (durableGone).
-	lastRev     map[subjects.NodeID]uint64
-	lastMarkTry time.Time   // the expiry loop's last retry of pending marks
-	failMarks   atomic.Bool // tests: every removal mark this node writes fails, as against a registry without a leader
-	pauseBeats  atomic.Bool // tests: this node's heartbeats stop reaching the registry (a partitioned link), its connection up
-	joinedAt    time.Time
-	rev         uint64 // revision of our own entry
-	listeners   map[int]func(Event)
-	nextL       int
-	confirmed   uint64 // connection reconnect count at the last good heartbeat
+	lastRev map[subjects.NodeID]uint64
+	// renewedAfter holds the departed generations (pruned with departed)
+	// whose heartbeat this node saw land in the registry after it judged
+	// them gone: each may hold its lease up to a TTL after its entry was
+	// deleted or superseded (durableGone).
+	renewedAfter map[subjects.NodeID]bool
+	lastMarkTry  time.Time   // the expiry loop's last retry of pending marks
+	failMarks    atomic.Bool // tests: every removal mark this node writes fails, as against a registry without a leader
+	pauseBeats   atomic.Bool // tests: this node's heartbeats stop reaching the registry (a partitioned link), its connection up
+	joinedAt     time.Time
+	rev          uint64 // revision of our own entry
+	listeners    map[int]func(Event)
+	nextL        int
+	confirmed    uint64 // connection reconnect count at the last good heartbeat
 
 	clock registryClock
 	// The watcher's progress against this node's own writes: seenRev is
@@ -490,7 +495,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Membership{
 		cfg: cfg, log: cfg.Logger, kv: kv,
-		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{}, proof: map[subjects.NodeID]bool{}, durable: map[subjects.NodeID]time.Time{}, pending: map[subjects.NodeID]pendingMark{}, lastRev: map[subjects.NodeID]uint64{},
+		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{}, proof: map[subjects.NodeID]bool{}, durable: map[subjects.NodeID]time.Time{}, pending: map[subjects.NodeID]pendingMark{}, lastRev: map[subjects.NodeID]uint64{}, renewedAfter: map[subjects.NodeID]bool{},
 		listeners: map[int]func(Event){},
 		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1), rewatch: make(chan struct{}, 1),
 		ctx: mctx, cancel: cancel, joinedAt: time.Now(),

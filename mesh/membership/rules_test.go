@@ -702,3 +702,87 @@ func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
 		})
 	}
 }
+
+// A generation judged gone here whose heartbeat still landed afterwards
+// (it was alive: a freeze past the TTL, a link cut while its heartbeats
+// got through another way) renewed its lease: a deletion of its entry, or
+// a newer generation's, after that heartbeat makes the departure durable
+// only a TTL later — not at once, which let its addresses be taken over
+// while it could still serve under the lease it renewed. A deletion
+// replayed from between the judged entry and the late heartbeat proves
+// nothing at all.
+func TestLateHeartbeatDelaysADurableDeparture(t *testing.T) {
+	s := natstest.RunServer(t)
+	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 5 * time.Second}
+	m := join(t, natstest.Connect(t, s), "observer", cfg)
+	durableAt := func(n subjects.NodeID) (time.Time, bool) {
+		m.mu.RLock()
+		defer m.mu.RUnlock()
+		at, ok := m.durable[n]
+		return at, ok
+	}
+	beat := func(node subjects.NodeID) []byte {
+		b, _ := json.Marshal(Member{Node: node, Kinds: []string{"echo"}, BeatAt: time.Now().UTC(), Started: time.Now().UTC()})
+		return b
+	}
+	newer := func(node subjects.NodeID) []byte {
+		return beat(subjects.NodeID{Name: node.Name, Generation: node.Generation + 1})
+	}
+	for i, tc := range []struct {
+		name    string
+		after   func(node subjects.NodeID, lateRev uint64) watchedEntry
+		durable bool
+	}{
+		{"deletion after the late heartbeat", func(node subjects.NodeID, lateRev uint64) watchedEntry {
+			return watchedEntry{key: node.Name, rev: lateRev + 1, op: jetstream.KeyValueDelete}
+		}, true},
+		{"newer generation after the late heartbeat", func(node subjects.NodeID, lateRev uint64) watchedEntry {
+			return watchedEntry{key: node.Name, value: newer(node), rev: lateRev + 1, op: jetstream.KeyValuePut}
+		}, true},
+		{"deletion replayed from before the late heartbeat", func(node subjects.NodeID, lateRev uint64) watchedEntry {
+			return watchedEntry{key: node.Name, rev: lateRev - 1, op: jetstream.KeyValueDelete}
+		}, false},
+		{"newer generation replayed from before the late heartbeat", func(node subjects.NodeID, lateRev uint64) watchedEntry {
+			return watchedEntry{key: node.Name, value: newer(node), rev: lateRev - 1, op: jetstream.KeyValuePut}
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := fmt.Sprintf("lh%d", i)
+			x := join(t, natstest.Connect(t, s), name, cfg)
+			node := x.Self().Node
+			natstest.Eventually(t, 10*time.Second, func() bool { return m.Alive(node) }, "%s not seen alive", node)
+			x.Close()
+			m.mu.RLock()
+			rev := m.live[name].rev
+			m.mu.RUnlock()
+			if !m.depart(node, Expired, time.Time{}, "judged by the test") {
+				t.Fatalf("%s not departed", node)
+			}
+			// Its heartbeat lands after the judgment, two revisions on
+			// (room for a replay between).
+			lateRev := rev + 2
+			m.apply(watchedEntry{key: name, value: beat(node), rev: lateRev, op: jetstream.KeyValuePut})
+			if m.Alive(node) {
+				t.Fatalf("%s alive again after a late heartbeat", node)
+			}
+			before := time.Now()
+			m.apply(tc.after(node, lateRev))
+			at, ok := durableAt(node)
+			if ok != tc.durable {
+				t.Fatalf("durable: %v, want %v", ok, tc.durable)
+			}
+			if !ok {
+				if time.Until(m.TakeoverAt(node)) <= 0 {
+					t.Fatalf("takeover at once, the departure not durable")
+				}
+				return
+			}
+			if at.Before(before.Add(cfg.TTL)) {
+				t.Fatalf("durable at %v, %v after the entry went: the lease renewed after the judgment lasts up to the TTL (%v)", at.Format(time.RFC3339Nano), at.Sub(before), cfg.TTL)
+			}
+			if tk := m.TakeoverAt(node); tk.Before(before.Add(cfg.TTL)) {
+				t.Fatalf("takeover at %v, before the renewed lease could have run out", tk.Sub(before))
+			}
+		})
+	}
+}

@@ -261,6 +261,7 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 			delete(m.durable, n)
 			delete(m.pending, n)
 			delete(m.lastRev, n)
+			delete(m.renewedAfter, n)
 		}
 	}
 	m.mu.Unlock()

@@ -88,7 +88,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.depart(v.Node, v.Removed.event(), v.Removed.At, v.Removed.Reason)
 			at := time.Now()
 			m.mu.RLock()
-			if p, ok := m.pending[v.Node]; ok && v.BeatAt.After(p.beat) {
+			if p, ok := m.pending[v.Node]; (ok && v.BeatAt.After(p.beat)) || m.renewedAfter[v.Node] {
 				// It renewed its lease after this node judged it: it
 				// may hold it up to a TTL after this mark.
 				at = at.Add(m.cfg.TTL)
@@ -117,8 +117,16 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			return // a stale write of an older generation
 		}
 		if _, gone := m.departed[v.Node]; gone {
+			// A late write of a generation already judged gone: not
+			// taken back into the view, but recorded — it is that
+			// generation's last entry now (a deletion only before it
+			// proves nothing), and it renewed the lease (durableGone).
+			if rev > m.lastRev[v.Node] {
+				m.lastRev[v.Node] = rev
+				m.renewedAfter[v.Node] = true
+			}
 			m.mu.Unlock()
-			return // a late write of a generation already judged gone
+			return
 		}
 		m.mu.Unlock()
 		if had {
@@ -208,12 +216,19 @@ func (m *Membership) replayedBeforeJoin() {
 // departed generation's entry counts: a re-watch served by a replica that
 // lags replays older history — a deletion of the name from before that
 // generation registered — and taking that for its removal would let its
-// addresses be taken over while it may still renew its lease.
+// addresses be taken over while it may still renew its lease. A departed
+// generation whose heartbeat landed after it was judged here holds the
+// lease that heartbeat renewed: durable then means a TTL from now (as
+// remove says of a mark written over such a heartbeat).
 func (m *Membership) durableGone(name string, below, rev uint64) {
 	m.mu.Lock()
 	for n := range m.departed {
 		if _, ok := m.durable[n]; !ok && n.Name == name && n.Generation < below && rev > m.lastRev[n] {
-			m.durable[n] = time.Now()
+			at := time.Now()
+			if m.renewedAfter[n] {
+				at = at.Add(m.cfg.TTL)
+			}
+			m.durable[n] = at
 			delete(m.pending, n)
 		}
 	}
