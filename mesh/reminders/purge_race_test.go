@@ -381,6 +381,7 @@ func TestReminderPurgeRaceCancelFailureOnlyRacingSet(t *testing.T) {
 	wg.Wait()
 	var bad []string
 	shown := map[string]bool{}
+	late := map[string]bool{}
 	counts := map[string]int{}
 	for i := range names {
 		name := fmt.Sprintf("n%d", i)
@@ -392,6 +393,14 @@ func TestReminderPurgeRaceCancelFailureOnlyRacingSet(t *testing.T) {
 		g, gerr := st1.Get(ctx, addr, name)
 		if gerr != nil && !errors.Is(gerr, ErrNotFound) {
 			t.Fatal(gerr)
+		}
+		if errors.Is(gerr, ErrNotFound) && time.Now().After(dueB.Add(-100*time.Millisecond)) {
+			// Read at or past B's due time (a loaded machine ran the
+			// races long): B may have fired and gone, so Get tells
+			// nothing; whether B fired is checked below from the
+			// errors alone.
+			late[name] = true
+			continue
 		}
 		isB := gerr == nil && string(g.Payload) == "b"
 		if gerr == nil && !isB {
@@ -413,7 +422,17 @@ func TestReminderPurgeRaceCancelFailureOnlyRacingSet(t *testing.T) {
 	natstest.Eventually(t, 15*time.Second, func() bool { return time.Now().After(dueB) && settled(t, st1) }, "fires remain")
 	for i := range names {
 		name := fmt.Sprintf("n%d", i)
-		if n := b.get(name)["b"]; shown[name] != (n > 0) {
+		n := b.get(name)["b"]
+		if late[name] {
+			// Only what the errors decide: a Set refused never fires,
+			// a Set that won over a refused Cancel does.
+			se, ce := setErr[i], cancelErr[i]
+			if se != nil && n > 0 || se == nil && ce != nil && n == 0 {
+				bad = append(bad, fmt.Sprintf("%s: read late, delivered %d (Set %v, Cancel %v)", name, n, se, ce))
+			}
+			continue
+		}
+		if shown[name] != (n > 0) {
 			bad = append(bad, fmt.Sprintf("%s: shown %v, delivered %d (Set %v, Cancel %v)", name, shown[name], n, setErr[i], cancelErr[i]))
 		}
 	}
