@@ -87,6 +87,7 @@ func waitAdvisory(t *testing.T, ch <-chan *nats.Msg, name string, timeout time.D
 // the bucket's stream leader killed and the bucket still usable from a
 // survivor; the killed server restarted and caught up.
 func TestCluster(t *testing.T) {
+	longTest(t)
 	start := time.Now()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)

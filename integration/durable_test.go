@@ -195,6 +195,7 @@ func chaosFlagSet() bool {
 // its successor took the state over (every write the test watched carries
 // the highest epoch written for its key so far).
 func TestClusterDurableChaos(t *testing.T) {
+	longTest(t)
 	began := time.Now()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh"
 )
 
@@ -63,7 +64,7 @@ func Build(t testing.TB) Binaries {
 		// compiles and links of all four share the cores — four builds in
 		// turn took a minute and a half of a cold run.
 		pkgs := []string{"./cmd/meshd", "./cmd/meshctl", "github.com/nats-io/nats-server/v2", "./integration/testnode"}
-		cmd := exec.Command("go", append([]string{"build", "-o", dir + string(filepath.Separator)}, pkgs...)...)
+		cmd := exec.Command("go", append(append(goBuild(), "-o", dir+string(filepath.Separator)), pkgs...)...)
 		cmd.Dir = root
 		if b, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build %v: %v\n%s", pkgs, err, b)
@@ -80,6 +81,24 @@ func Build(t testing.TB) Binaries {
 		t.Fatalf("integration: %v", buildErr)
 	}
 	return built
+}
+
+// goBuild is the go build command line of the harness's programs. In the
+// quick suite (the README's go test -race ./..., not NATSMESH_LONG=1) it
+// carries -race when this test binary does: every package the programs
+// need — the standard library, nats-server, the mesh — is then compiled
+// already, by the test build itself, and only the links remain. Built
+// without it, a cold run compiled all of them a second time: about 200 s
+// of CPU, a minute and a half of a cold run on 2 cores. The programs run
+// about twice as slow under the detector (the quick suite's integration
+// tests took 100 s built plain, 188 s so) and the quick suite keeps the
+// short shapes; the long suite (CI's long step) builds them plain, as
+// they are shipped.
+func goBuild() []string {
+	if raceBuild && !natstest.Long() {
+		return []string{"build", "-race"}
+	}
+	return []string{"build"}
 }
 
 var (
@@ -106,7 +125,7 @@ func BuildPlantedTestNode(t testing.TB) string {
 			return
 		}
 		plantedBin = filepath.Join(dir, "testnode")
-		cmd := exec.Command("go", "build", "-tags", "natsmesh_plant", "-o", plantedBin, "./integration/testnode")
+		cmd := exec.Command("go", append(goBuild(), "-tags", "natsmesh_plant", "-o", plantedBin, "./integration/testnode")...)
 		cmd.Dir = root
 		if b, err := cmd.CombinedOutput(); err != nil {
 			plantedErr = fmt.Errorf("go build -tags natsmesh_plant ./integration/testnode: %v\n%s", err, b)

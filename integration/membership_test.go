@@ -767,6 +767,7 @@ func grepLines(s string, prefixes ...string) string {
 // TestClusterClaimRace: two nodes on different servers of the cluster race
 // to activate the same 1 000 addresses: exactly one activation each.
 func TestClusterClaimRace(t *testing.T) {
+	longTest(t)
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	var nodes []*mesh.Node

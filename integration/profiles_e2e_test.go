@@ -344,6 +344,7 @@ func TestDocumentedProductionSetup(t *testing.T) {
 // generated nkeys: meshctl with each profile's seed, a second meshd joined
 // with the node seed and SIGKILLed, departed within 100 ms by the advisory.
 func TestMeshdAuthProfiles(t *testing.T) {
+	longTest(t)
 	dir := t.TempDir()
 	first := StartMeshd(t, "--name", "auth-0", "--auth", "--listen", "127.0.0.1:0", "--http", "", "--data-dir", dir, "--hubs", "echo,kv")
 	seeds := filepath.Join(dir, daemon.AuthDirName)

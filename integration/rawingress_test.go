@@ -24,7 +24,7 @@ func buildExample(t *testing.T, name string) string {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), name)
-	cmd := exec.Command("go", "build", "-o", out, "./examples/"+name)
+	cmd := exec.Command("go", append(goBuild(), "-o", out, "./examples/"+name)...)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./examples/%s: %v\n%s", name, err, b)

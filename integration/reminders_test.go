@@ -105,6 +105,7 @@ func ownerOf(t *testing.T, tc *mesh.Node, execs *execLog, addr subjects.Address)
 // delivers them: the one-shot runs once, the interval keeps firing, each
 // fire once.
 func TestReminderAcrossOwnerSIGKILL(t *testing.T) {
+	longTest(t)
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "ra", "rb")

@@ -67,6 +67,7 @@ func superNodes(t *testing.T, c *Cluster, names ...string) map[string]*Meshd {
 //   - a node that joins on west, activated there, serves the east sender's
 //     first delivery on its first attempt.
 func TestSuperclusterDeliveries(t *testing.T) {
+	longTest(t)
 	start := time.Now()
 	sc := StartSupercluster(t, 3)
 	sc.WaitReady(t)

@@ -83,6 +83,7 @@ func TestExpiredDeadlineSendsNothing(t *testing.T) {
 // sent: its verdict is resendable (directory-unavailable, or
 // deadline-unsent once the caller's deadline passed), never a timeout.
 func TestDirectoryOutageResendable(t *testing.T) {
+	longOnly(t)
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	nc := natstest.Connect(t, s, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}), nats.MaxReconnects(-1))
@@ -1049,6 +1050,7 @@ func TestRequestLinkChaos(t *testing.T) {
 // reply was lost, is re-sent to a: the documented window of a crash,
 // DESIGN §6; counted, not failed.)
 func TestPipelineOwnerCrash(t *testing.T) {
+	longOnly(t)
 	for rep := range reps(t, 3) {
 		s := natstest.RunServer(t)
 		recA, recB := newRecorder(), newRecorder()

@@ -146,3 +146,14 @@ func newClient(t *testing.T, nc *nats.Conn, res Resolver, opts ...Option) *Clien
 }
 
 var ghost = subjects.NodeID{Name: "ghost", Generation: 1}
+
+// longOnly skips t unless NATSMESH_LONG=1 (CI's long step runs this
+// package so): a test of tens of seconds of waiting or churn, whose
+// property a shorter test of the quick suite also pins, kept out of the
+// README's go test -race ./... so that it fits five minutes cold.
+func longOnly(t *testing.T) {
+	t.Helper()
+	if !natstest.Long() {
+		t.Skipf("long test: run it with NATSMESH_LONG=1 go test -race -run '^%s$' ./mesh (CI does)", t.Name())
+	}
+}

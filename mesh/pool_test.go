@@ -80,6 +80,7 @@ func TestFlightRefStaleAfterReuse(t *testing.T) {
 // delivery gets one verdict; an accepted one ran exactly once, none ran
 // twice, and each stream's deliveries ran in call order. No lane is left.
 func TestPooledFlightsAndLanesChurn(t *testing.T) {
+	longOnly(t)
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "churn")
 	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(4), WithLegTimeout(20*time.Millisecond),

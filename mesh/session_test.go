@@ -26,6 +26,7 @@ import (
 // JetStream API timeout (5 s) of each KV watcher's consumer delete before
 // the watchers were stopped without waiting for the server.
 func TestDrainBoundNATSUnreachable(t *testing.T) {
+	longOnly(t)
 	for _, deadline := range []time.Duration{0, 100 * time.Millisecond, 400 * time.Millisecond} {
 		t.Run(deadline.String(), func(t *testing.T) {
 			s := natstest.RunServer(t)

@@ -1,0 +1,6 @@
+//go:build race
+
+package integration
+
+// raceBuild reports whether this binary runs with the race detector.
+const raceBuild = true
