@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
@@ -243,7 +244,7 @@ func runNemesis(t *testing.T, cfg nemesisConfig, bin string) (*nemesisRun, *neme
 	// attempt (legRecorder), for timeout-not-resent.
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(legRecorder{n.rec}))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	n.sender = senderNode(t, c.URL(), func(v mesh.LateVerdict) {
+	n.sender, n.senderConn = senderNodeConn(t, c.URL(), func(v mesh.LateVerdict) {
 		n.rec.AddLate(nemesis.Late{ID: v.ID, At: time.Now().UnixNano(), Outcome: nemesis.OutcomeOf(v.Err)})
 	}, mesh.WithTracerProvider(tp))
 	for i := range nemesisNodes {
@@ -329,9 +330,11 @@ type nemesisRun struct {
 	rec    *nemesis.Recorder
 	start  int64 // when recording started (Unix ns)
 	sender *mesh.Node
-	nodes  []*nemesisNode
-	bin    string // the testnode binary; empty: Build's
-	idle   time.Duration
+	// senderConn is the sender's connection (FaultRecord.SenderCut).
+	senderConn *nats.Conn
+	nodes      []*nemesisNode
+	bin        string // the testnode binary; empty: Build's
+	idle       time.Duration
 	// logDir, when set, receives every node process's and server start's
 	// log at the end of the test (Cluster.KeepLogs, keepProcessLog).
 	logDir string
@@ -457,11 +460,13 @@ func (n *nemesisRun) apply(f nemesis.Fault) {
 				rec.Isolated = append(rec.Isolated, nd.procName())
 			}
 		}
+		// The sender connects to the servers directly (no proxy).
+		rec.SenderCut = n.senderConn.ConnectedUrl() == n.c.URLs()[server]
 		if stopped := n.c.Isolate(server, mode); stopped.UnixNano() < rec.Start {
 			rec.Note = fmt.Sprintf("its routes last moved bytes %v before the cut; ", time.Duration(rec.Start-stopped.UnixNano()).Round(time.Millisecond))
 			rec.Start = stopped.UnixNano()
 		}
-		rec.Note += fmt.Sprintf("isolated server %d, nodes on it: %v", server, rec.Isolated)
+		rec.Note += fmt.Sprintf("isolated server %d, nodes on it: %v, the sender on it: %v", server, rec.Isolated, rec.SenderCut)
 		time.Sleep(f.Hold)
 		n.c.Heal(server)
 	case nemesis.LinkSlow:

@@ -61,6 +61,13 @@ func prodNodeArgs(name, url string) []string {
 // the node connection settings.
 func senderNode(t *testing.T, url string, late func(mesh.LateVerdict), opts ...mesh.Option) *mesh.Node {
 	t.Helper()
+	n, _ := senderNodeConn(t, url, late, opts...)
+	return n
+}
+
+// senderNodeConn is senderNode that also returns the node's connection.
+func senderNodeConn(t *testing.T, url string, late func(mesh.LateVerdict), opts ...mesh.Option) (*mesh.Node, *nats.Conn) {
+	t.Helper()
 	log := &natstest.SyncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -87,7 +94,7 @@ func senderNode(t *testing.T, url string, late func(mesh.LateVerdict), opts ...m
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	return n
+	return n, nc
 }
 
 // factoryLog records test.factory events.

@@ -81,11 +81,22 @@ func CheckAtMostOnce(h *History) Finding {
 // that generation (killed, frozen, drained, cut off) hit its process
 // between op's invoke and t: the dedupe window is the accepting
 // generation's memory, and a successor never saw the ID (DESIGN notes,
-// "What dedupe cannot cover"). A re-send that reached a successor while
-// the accepting generation was untouched is not excused.
+// "What dedupe cannot cover"). Likewise when the sender itself was cut
+// off (its server isolated: FaultRecord.SenderCut) between the re-send and
+// t: meeting no responders at the accepting node, it dropped that owner
+// from its cache, and once the address's idle activation was collected
+// there (releasing its claim), the re-send was placed afresh — on another
+// node, whose intake never saw the ID. A re-send that reached a successor
+// while the accepting generation and the sender's path to it were
+// untouched is not excused.
 func (h *History) resentPastOwner(op Op, t Turn) bool {
 	if op.Resent == 0 || op.Verdict != Accepted || t.Start < op.Resent || fmt.Sprintf("%s.%d", t.Node, t.Generation) == op.Node {
 		return false
+	}
+	for _, f := range h.Faults {
+		if f.SenderCut && f.Start <= t.Start && f.End >= op.Resent {
+			return true
+		}
 	}
 	procs := map[string]bool{}
 	for _, o := range h.Turns {

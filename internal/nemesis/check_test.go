@@ -324,6 +324,27 @@ func TestAtMostOnce(t *testing.T) {
 		expect(t, CheckAtMostOnce, &History{Ops: []Op{resent(20)},
 			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n2", 2, 400, 401)}}, "accepted once, ran 2 times")
 	})
+	senderCut := func(from, to int64) FaultRecord {
+		return FaultRecord{Fault: Fault{Kind: RouteCut}, Isolated: []string{"n3#0"}, SenderCut: true, Start: ms(from), End: ms(to)}
+	}
+	t.Run("good: re-sent by the caller while it was cut off from its owner, ran on another node", func(t *testing.T) {
+		h := &History{Faults: []FaultRecord{senderCut(15, 300)}, Ops: []Op{resent(20)},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n2", 2, 400, 401)}}
+		expect(t, CheckAtMostOnce, h)
+		if e := CheckAtMostOnce(h).Excused; len(e) != 1 {
+			t.Fatalf("excused %v, want the re-send's run", e)
+		}
+	})
+	t.Run("bad: the sender was cut off only before the caller re-sent", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{Faults: []FaultRecord{senderCut(5, 15)}, Ops: []Op{resent(20)},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n2", 2, 400, 401)}}, "accepted once, ran 2 times")
+	})
+	t.Run("bad: a route cut that left the sender connected", func(t *testing.T) {
+		cut := senderCut(15, 300)
+		cut.SenderCut = false
+		expect(t, CheckAtMostOnce, &History{Faults: []FaultRecord{cut}, Ops: []Op{resent(20)},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n2", 2, 400, 401)}}, "accepted once, ran 2 times")
+	})
 	t.Run("bad: re-sent by the caller, ran again on the owner that had accepted it", func(t *testing.T) {
 		expect(t, CheckAtMostOnce, &History{Faults: []FaultRecord{kill}, Ops: []Op{resent(20)},
 			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n1", 1, 25, 26)}}, "accepted once, ran 2 times")

@@ -231,9 +231,14 @@ type FaultRecord struct {
 	// Isolated lists, for RouteCut, the node processes connected to the
 	// isolated server when it was cut off: the fault cut them off.
 	Isolated []string `json:"isolated,omitempty"`
-	Start    int64    `json:"start"` // when it was injected
-	End      int64    `json:"end"`   // when it was healed (the process restarted, woken, the link restored)
-	Note     string   `json:"note,omitempty"`
+	// SenderCut is, for RouteCut, whether the workload's sender was
+	// connected to the isolated server: it could reach no node but those
+	// on it (CheckAtMostOnce: a caller's re-send it could not deliver to
+	// the accepting node may land on another).
+	SenderCut bool   `json:"sender_cut,omitempty"`
+	Start     int64  `json:"start"` // when it was injected
+	End       int64  `json:"end"`   // when it was healed (the process restarted, woken, the link restored)
+	Note      string `json:"note,omitempty"`
 }
 
 // hits reports whether f hit process p itself: a node fault on it, or a
