@@ -686,11 +686,13 @@ func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
 		{"newer generation's entry at an earlier revision", func(node subjects.NodeID, rev uint64) watchedEntry {
 			return watchedEntry{key: node.Name, value: newer(node), rev: rev - 1, op: jetstream.KeyValuePut}
 		}, false},
+		// After: well past any write of it still in flight when it
+		// closed, which the watch would record as its last entry.
 		{"deletion after its entry", func(node subjects.NodeID, rev uint64) watchedEntry {
-			return watchedEntry{key: node.Name, rev: rev + 1, op: jetstream.KeyValueDelete}
+			return watchedEntry{key: node.Name, rev: rev + 50, op: jetstream.KeyValueDelete}
 		}, true},
 		{"newer generation's entry after its entry", func(node subjects.NodeID, rev uint64) watchedEntry {
-			return watchedEntry{key: node.Name, value: newer(node), rev: rev + 1, op: jetstream.KeyValuePut}
+			return watchedEntry{key: node.Name, value: newer(node), rev: rev + 50, op: jetstream.KeyValuePut}
 		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -758,9 +760,10 @@ func TestLateHeartbeatDelaysADurableDeparture(t *testing.T) {
 			if !m.depart(node, Expired, time.Time{}, "judged by the test") {
 				t.Fatalf("%s not departed", node)
 			}
-			// Its heartbeat lands after the judgment, two revisions on
-			// (room for a replay between).
-			lateRev := rev + 2
+			// Its heartbeat lands after the judgment, well past any
+			// write of it still in flight when it closed (room for a
+			// replay between).
+			lateRev := rev + 50
 			m.apply(watchedEntry{key: name, value: beat(node), rev: lateRev, op: jetstream.KeyValuePut})
 			if m.Alive(node) {
 				t.Fatalf("%s alive again after a late heartbeat", node)
@@ -784,5 +787,58 @@ func TestLateHeartbeatDelaysADurableDeparture(t *testing.T) {
 				t.Fatalf("takeover at %v, before the renewed lease could have run out", tk.Sub(before))
 			}
 		})
+	}
+}
+
+// A departure judged here whose mark could not be written, and whose
+// generation's heartbeat then landed (seen by the watch): when the retried
+// mark is written, the departure is durable no earlier than a TTL on —
+// whatever the retried mark found (the entry, a newer generation, none),
+// the late heartbeat renewed the lease. And a re-watch replaying the mark
+// does not push the takeover back again.
+func TestRetriedMarkWaitsOutALateHeartbeat(t *testing.T) {
+	s := natstest.RunServer(t)
+	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 5 * time.Second}
+	m := join(t, natstest.Connect(t, s), "observer", cfg)
+	x := join(t, natstest.Connect(t, s), "rm", cfg)
+	node := x.Self().Node
+	natstest.Eventually(t, 10*time.Second, func() bool { return m.Alive(node) }, "%s not seen alive", node)
+	x.Close()
+	m.failMarks.Store(true)
+	m.judge(node, Expired, time.Time{}, "judged by the test")
+	m.mu.RLock()
+	_, pending := m.pending[node]
+	_, durable := m.durable[node]
+	rev := m.lastRev[node]
+	m.mu.RUnlock()
+	if !pending || durable {
+		t.Fatalf("after a refused mark: pending %v, durable %v", pending, durable)
+	}
+	b, _ := json.Marshal(Member{Node: node, Kinds: []string{"echo"}, BeatAt: time.Now().UTC(), Started: time.Now().UTC()})
+	m.apply(watchedEntry{key: node.Name, value: b, rev: rev + 50, op: jetstream.KeyValuePut})
+	before := time.Now()
+	m.failMarks.Store(false) // the expiry loop retries the mark
+	var at time.Time
+	natstest.Eventually(t, 10*time.Second, func() bool {
+		m.mu.RLock()
+		defer m.mu.RUnlock()
+		var ok bool
+		at, ok = m.durable[node]
+		return ok
+	}, "the retried mark never made the departure durable")
+	if at.Before(before.Add(cfg.TTL)) {
+		t.Fatalf("durable %v after the mark was retried: the lease the late heartbeat renewed lasts up to the TTL (%v)", at.Sub(before), cfg.TTL)
+	}
+	// The mark, replayed by a re-watch a while later, leaves it.
+	e, err := m.kv.Get(context.Background(), node.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.apply(watchedEntry{key: node.Name, value: e.Value(), rev: e.Revision(), op: jetstream.KeyValuePut})
+	m.mu.RLock()
+	again := m.durable[node]
+	m.mu.RUnlock()
+	if !again.Equal(at) {
+		t.Fatalf("a replayed mark moved the departure's durable time by %v", again.Sub(at))
 	}
 }

@@ -88,13 +88,19 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.depart(v.Node, v.Removed.event(), v.Removed.At, v.Removed.Reason)
 			at := time.Now()
 			m.mu.RLock()
+			_, already := m.durable[v.Node]
 			if p, ok := m.pending[v.Node]; (ok && v.BeatAt.After(p.beat)) || m.renewedAfter[v.Node] {
 				// It renewed its lease after this node judged it: it
 				// may hold it up to a TTL after this mark.
 				at = at.Add(m.cfg.TTL)
 			}
 			m.mu.RUnlock()
-			m.setDurableAt(v.Node, at)
+			if !already {
+				// Once durable, the departed generation can renew
+				// nothing more: a re-watch replaying this mark must not
+				// push its takeover back each time.
+				m.setDurableAt(v.Node, at)
+			}
 			break
 		}
 		now := m.clock.now()
@@ -261,6 +267,15 @@ func (m *Membership) retryMarks() {
 			return
 		}
 		if at := m.remove(ctx, n, p.t, p.since, p.reason, p.beat); !at.IsZero() {
+			m.mu.RLock()
+			renewed := m.renewedAfter[n]
+			m.mu.RUnlock()
+			if renewed {
+				// Its heartbeat landed after the judgment (the watch saw
+				// it): whichever way remove found the entry gone —
+				// superseded, absent — that lease lasts up to a TTL.
+				at = later(at, time.Now().Add(m.cfg.TTL))
+			}
 			m.setDurableAt(n, at)
 		}
 	}
