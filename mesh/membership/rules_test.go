@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -644,29 +645,6 @@ func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
 		_, ok := m.durable[n]
 		return ok
 	}
-	// departed joins a node of name, waits until m sees it, closes it
-	// without a leave and departs it here as judged, its mark unwritten
-	// (as when the registry refused the mark): it returns the generation
-	// and the revision of its last write m saw.
-	departed := func(name string) (subjects.NodeID, uint64) {
-		x := join(t, natstest.Connect(t, s), name, cfg)
-		node := x.Self().Node
-		natstest.Eventually(t, 10*time.Second, func() bool { return m.Alive(node) }, "%s not seen alive", node)
-		x.Close()
-		m.mu.RLock()
-		rev := m.live[name].rev
-		m.mu.RUnlock()
-		if !m.depart(node, Expired, time.Time{}, "judged by the test") {
-			t.Fatalf("%s not departed", node)
-		}
-		if durable(node) {
-			t.Fatalf("%s durable before any registry write", node)
-		}
-		if at := m.TakeoverAt(node); time.Until(at) <= 0 {
-			t.Fatalf("%s: takeover at once, with its departure not durable", node)
-		}
-		return node, rev
-	}
 	newer := func(node subjects.NodeID) []byte {
 		v := Member{Node: subjects.NodeID{Name: node.Name, Generation: node.Generation + 1}, Kinds: []string{"echo"}, BeatAt: time.Now().UTC(), Started: time.Now().UTC()}
 		b, _ := json.Marshal(v)
@@ -696,7 +674,7 @@ func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
 		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			node, rev := departed(fmt.Sprintf("sr%d", i))
+			node, rev := departedHere(t, s, m, fmt.Sprintf("sr%d", i), cfg)
 			m.apply(tc.entry(node, rev))
 			if got := durable(node); got != tc.durable {
 				t.Fatalf("durable after the entry: %v, want %v (the entry's revision %v, the departed entry's %d)", got, tc.durable, tc.entry(node, rev).rev, rev)
@@ -750,16 +728,7 @@ func TestLateHeartbeatDelaysADurableDeparture(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := fmt.Sprintf("lh%d", i)
-			x := join(t, natstest.Connect(t, s), name, cfg)
-			node := x.Self().Node
-			natstest.Eventually(t, 10*time.Second, func() bool { return m.Alive(node) }, "%s not seen alive", node)
-			x.Close()
-			m.mu.RLock()
-			rev := m.live[name].rev
-			m.mu.RUnlock()
-			if !m.depart(node, Expired, time.Time{}, "judged by the test") {
-				t.Fatalf("%s not departed", node)
-			}
+			node, rev := departedHere(t, s, m, name, cfg)
 			// Its heartbeat lands after the judgment, well past any
 			// write of it still in flight when it closed (room for a
 			// replay between).
@@ -841,4 +810,32 @@ func TestRetriedMarkWaitsOutALateHeartbeat(t *testing.T) {
 	if !again.Equal(at) {
 		t.Fatalf("a replayed mark moved the departure's durable time by %v", again.Sub(at))
 	}
+}
+
+// departedHere joins a node of name on s, waits until m sees it, closes it
+// without a leave and departs it in m as judged, its mark unwritten (as
+// when the registry refused the mark): it returns the generation and the
+// revision of its last write m saw.
+func departedHere(t *testing.T, s *server.Server, m *Membership, name string, cfg Config) (subjects.NodeID, uint64) {
+	t.Helper()
+	x := join(t, natstest.Connect(t, s), name, cfg)
+	node := x.Self().Node
+	natstest.Eventually(t, 10*time.Second, func() bool { return m.Alive(node) }, "%s not seen alive", node)
+	x.Close()
+	m.mu.RLock()
+	rev := m.live[name].rev
+	m.mu.RUnlock()
+	if !m.depart(node, Expired, time.Time{}, "judged by the test") {
+		t.Fatalf("%s not departed", node)
+	}
+	m.mu.RLock()
+	_, durable := m.durable[node]
+	m.mu.RUnlock()
+	if durable {
+		t.Fatalf("%s durable before any registry write", node)
+	}
+	if at := m.TakeoverAt(node); time.Until(at) <= 0 {
+		t.Fatalf("%s: takeover at once, with its departure not durable", node)
+	}
+	return node, rev
 }
