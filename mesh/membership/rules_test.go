@@ -645,11 +645,6 @@ func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
 		_, ok := m.durable[n]
 		return ok
 	}
-	newer := func(node subjects.NodeID) []byte {
-		v := Member{Node: subjects.NodeID{Name: node.Name, Generation: node.Generation + 1}, Kinds: []string{"echo"}, BeatAt: time.Now().UTC(), Started: time.Now().UTC()}
-		b, _ := json.Marshal(v)
-		return b
-	}
 	for i, tc := range []struct {
 		name    string
 		entry   func(node subjects.NodeID, rev uint64) watchedEntry
@@ -662,7 +657,7 @@ func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
 			return watchedEntry{key: node.Name, rev: rev - 1, op: jetstream.KeyValuePurge}
 		}, false},
 		{"newer generation's entry at an earlier revision", func(node subjects.NodeID, rev uint64) watchedEntry {
-			return watchedEntry{key: node.Name, value: newer(node), rev: rev - 1, op: jetstream.KeyValuePut}
+			return watchedEntry{key: node.Name, value: newerValue(node), rev: rev - 1, op: jetstream.KeyValuePut}
 		}, false},
 		// After: well past any write of it still in flight when it
 		// closed, which the watch would record as its last entry.
@@ -670,7 +665,7 @@ func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
 			return watchedEntry{key: node.Name, rev: rev + 50, op: jetstream.KeyValueDelete}
 		}, true},
 		{"newer generation's entry after its entry", func(node subjects.NodeID, rev uint64) watchedEntry {
-			return watchedEntry{key: node.Name, value: newer(node), rev: rev + 50, op: jetstream.KeyValuePut}
+			return watchedEntry{key: node.Name, value: newerValue(node), rev: rev + 50, op: jetstream.KeyValuePut}
 		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -701,13 +696,6 @@ func TestLateHeartbeatDelaysADurableDeparture(t *testing.T) {
 		at, ok := m.durable[n]
 		return at, ok
 	}
-	beat := func(node subjects.NodeID) []byte {
-		b, _ := json.Marshal(Member{Node: node, Kinds: []string{"echo"}, BeatAt: time.Now().UTC(), Started: time.Now().UTC()})
-		return b
-	}
-	newer := func(node subjects.NodeID) []byte {
-		return beat(subjects.NodeID{Name: node.Name, Generation: node.Generation + 1})
-	}
 	for i, tc := range []struct {
 		name    string
 		after   func(node subjects.NodeID, lateRev uint64) watchedEntry
@@ -717,13 +705,13 @@ func TestLateHeartbeatDelaysADurableDeparture(t *testing.T) {
 			return watchedEntry{key: node.Name, rev: lateRev + 1, op: jetstream.KeyValueDelete}
 		}, true},
 		{"newer generation after the late heartbeat", func(node subjects.NodeID, lateRev uint64) watchedEntry {
-			return watchedEntry{key: node.Name, value: newer(node), rev: lateRev + 1, op: jetstream.KeyValuePut}
+			return watchedEntry{key: node.Name, value: newerValue(node), rev: lateRev + 1, op: jetstream.KeyValuePut}
 		}, true},
 		{"deletion replayed from before the late heartbeat", func(node subjects.NodeID, lateRev uint64) watchedEntry {
 			return watchedEntry{key: node.Name, rev: lateRev - 1, op: jetstream.KeyValueDelete}
 		}, false},
 		{"newer generation replayed from before the late heartbeat", func(node subjects.NodeID, lateRev uint64) watchedEntry {
-			return watchedEntry{key: node.Name, value: newer(node), rev: lateRev - 1, op: jetstream.KeyValuePut}
+			return watchedEntry{key: node.Name, value: newerValue(node), rev: lateRev - 1, op: jetstream.KeyValuePut}
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -733,7 +721,7 @@ func TestLateHeartbeatDelaysADurableDeparture(t *testing.T) {
 			// write of it still in flight when it closed (room for a
 			// replay between).
 			lateRev := rev + 50
-			m.apply(watchedEntry{key: name, value: beat(node), rev: lateRev, op: jetstream.KeyValuePut})
+			m.apply(watchedEntry{key: name, value: beatValue(node), rev: lateRev, op: jetstream.KeyValuePut})
 			if m.Alive(node) {
 				t.Fatalf("%s alive again after a late heartbeat", node)
 			}
@@ -783,8 +771,7 @@ func TestRetriedMarkWaitsOutALateHeartbeat(t *testing.T) {
 	if !pending || durable {
 		t.Fatalf("after a refused mark: pending %v, durable %v", pending, durable)
 	}
-	b, _ := json.Marshal(Member{Node: node, Kinds: []string{"echo"}, BeatAt: time.Now().UTC(), Started: time.Now().UTC()})
-	m.apply(watchedEntry{key: node.Name, value: b, rev: rev + 50, op: jetstream.KeyValuePut})
+	m.apply(watchedEntry{key: node.Name, value: beatValue(node), rev: rev + 50, op: jetstream.KeyValuePut})
 	before := time.Now()
 	m.failMarks.Store(false) // the expiry loop retries the mark
 	var at time.Time
@@ -838,4 +825,15 @@ func departedHere(t *testing.T, s *server.Server, m *Membership, name string, cf
 		t.Fatalf("%s: takeover at once, with its departure not durable", node)
 	}
 	return node, rev
+}
+
+// beatValue is a registry entry of node heartbeating now, as its JSON value.
+func beatValue(node subjects.NodeID) []byte {
+	b, _ := json.Marshal(Member{Node: node, Kinds: []string{"echo"}, BeatAt: time.Now().UTC(), Started: time.Now().UTC()})
+	return b
+}
+
+// newerValue is beatValue of the generation after node's.
+func newerValue(node subjects.NodeID) []byte {
+	return beatValue(subjects.NodeID{Name: node.Name, Generation: node.Generation + 1})
 }
