@@ -265,6 +265,7 @@ func TestAuthTLSAndCreds(t *testing.T) {
 // as soon as the server reports it — not after --timeout, and not blamed on
 // a silent node or a timeout (exit 4).
 func TestPermissionDeniedAtOnce(t *testing.T) {
+	t.Parallel()
 	m := profiles.Mesh{}
 	users := []profiles.User{
 		{User: "node", Password: "node-secret", Profile: profiles.Node(m)},

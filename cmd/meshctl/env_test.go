@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
 )
 
 // TestMain keeps the tests off the developer's NATS settings: no nats CLI
@@ -21,6 +23,7 @@ func TestMain(m *testing.M) {
 			os.Unsetenv(k)
 		}
 	}
+	natstest.RaiseParallel(8)
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

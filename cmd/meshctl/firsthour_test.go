@@ -24,6 +24,7 @@ import (
 // a terminal (and with --raw): a binary round trip through stdin and stdout
 // is exact, whatever the last byte.
 func TestRequestByteExact(t *testing.T) {
+	t.Parallel()
 	s, _ := startMesh(t)
 	for _, body := range []string{"", "\n", "no newline", "ends with newline\n", "\xff\x00\x01bin\r\n\x00", strings.Repeat("\x00\xfe", 5000)} {
 		for _, extra := range [][]string{nil, {"--raw"}} {
@@ -39,6 +40,7 @@ func TestRequestByteExact(t *testing.T) {
 // TestPayloadTrueSize: an oversized payload from stdin is reported with its
 // true size, not the size read before refusing.
 func TestPayloadTrueSize(t *testing.T) {
+	t.Parallel()
 	s, node := startMesh(t)
 	max := natstest.Connect(t, s).MaxPayload()
 	for _, n := range []int64{max + 1, 2_000_000, 5 * max} {
@@ -56,6 +58,7 @@ func TestPayloadTrueSize(t *testing.T) {
 // TestErrorsSayEachThingOnce: a failure verdict names its verdict, reason,
 // node and ID once each, and never a zero node.
 func TestErrorsSayEachThingOnce(t *testing.T) {
+	t.Parallel()
 	s, node := startMesh(t)
 	r := meshctl(t, s, "", "send", "nokind/a", "x", "--id", "once-1")
 	wantCode(t, r, 3)
@@ -85,6 +88,7 @@ func TestErrorsSayEachThingOnce(t *testing.T) {
 // TestTimeoutDoesNotBoundConnecting: a tiny --timeout is a timeout, not
 // "cannot connect".
 func TestTimeoutDoesNotBoundConnecting(t *testing.T) {
+	t.Parallel()
 	s, _ := startMesh(t)
 	r := meshctl(t, s, "", "send", "echo/a", "x", "--timeout", "1us")
 	if r.code == exitNoNATS || strings.Contains(r.stderr, "cannot connect") {
@@ -93,6 +97,7 @@ func TestTimeoutDoesNotBoundConnecting(t *testing.T) {
 }
 
 func TestMeshctlVersion(t *testing.T) {
+	t.Parallel()
 	r := meshctl(t, nil, "", "--version")
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "meshctl "+mesh.Version+", build ") || strings.Count(r.stdout, "\n") != 1 {
 		t.Fatalf("%s", r)
@@ -124,6 +129,7 @@ func TestMeshctlEnvStrict(t *testing.T) {
 }
 
 func TestTallyKey(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		err  error
 		want string
@@ -187,6 +193,7 @@ func startFrozenNode(t *testing.T, nc *nats.Conn) *frozenNode {
 // refusing anything is noticed by the target watch (not after the legs'
 // --timeout), and the partial results are printed.
 func TestBenchNoticesFrozenTarget(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	f := startFrozenNode(t, natstest.Connect(t, s))
 	done := make(chan struct{})
@@ -219,6 +226,7 @@ func TestBenchNoticesFrozenTarget(t *testing.T) {
 // TestDescribeErrorOnce: subscribe's one-line description of a refusal says
 // the verdict and the node once.
 func TestDescribeErrorOnce(t *testing.T) {
+	t.Parallel()
 	for _, err := range []error{
 		&verdict.Error{Reason: verdict.ReasonUnknownKind, Message: `node n1.7 hosts no hub of kind "x"`, Node: "n1.7"},
 		fmt.Errorf("subscribe: %w", &verdict.Error{Reason: verdict.ReasonNotOwner, Message: "address kv/x is owned by n1.7", Node: "n1.7"}),

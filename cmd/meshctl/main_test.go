@@ -79,6 +79,7 @@ func wantCode(t *testing.T, r result, code int) {
 }
 
 func TestRunUsesOSStdin(t *testing.T) {
+	t.Parallel()
 	var out, errb bytes.Buffer
 	if code := run([]string{"--help"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "Exit codes") {
 		t.Fatalf("help: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
@@ -86,6 +87,7 @@ func TestRunUsesOSStdin(t *testing.T) {
 }
 
 func TestNodes(t *testing.T) {
+	t.Parallel()
 	s, node := startMesh(t)
 	r := meshctl(t, s, "", "nodes")
 	wantCode(t, r, 0)
@@ -115,6 +117,7 @@ func TestNodes(t *testing.T) {
 }
 
 func TestNodesSeveralAndPrefixFilter(t *testing.T) {
+	t.Parallel()
 	s, _ := startMesh(t)
 	startNode(t, s, "n2")
 	// A node of another mesh on the same server is not listed.
@@ -149,6 +152,7 @@ func TestNodesSeveralAndPrefixFilter(t *testing.T) {
 }
 
 func TestNodesEmptyMesh(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	start := time.Now()
 	r := meshctl(t, s, "", "nodes", "-o", "json")
@@ -171,6 +175,7 @@ func TestNodesEmptyMesh(t *testing.T) {
 }
 
 func TestSendAndHubs(t *testing.T) {
+	t.Parallel()
 	s, node := startMesh(t)
 	r := meshctl(t, s, "", "send", "echo/a", "hello", "--id", "id-1", "--type", "greeting", "--stream", "s1")
 	wantCode(t, r, 0)
@@ -204,6 +209,7 @@ func TestSendAndHubs(t *testing.T) {
 }
 
 func TestRequest(t *testing.T) {
+	t.Parallel()
 	s, node := startMesh(t)
 	r := meshctl(t, s, "", "request", "echo/a", "ping me")
 	wantCode(t, r, 0)
@@ -232,6 +238,7 @@ func TestRequest(t *testing.T) {
 }
 
 func TestFailureVerdict(t *testing.T) {
+	t.Parallel()
 	s, _ := startMesh(t)
 	r := meshctl(t, s, "", "send", "nokind/a", "x")
 	wantCode(t, r, 3)
@@ -252,6 +259,7 @@ func TestFailureVerdict(t *testing.T) {
 }
 
 func TestStats(t *testing.T) {
+	t.Parallel()
 	s, node := startMesh(t)
 	wantCode(t, meshctl(t, s, "", "send", "echo/a", "x"), 0)
 	r := meshctl(t, s, "", "stats")
@@ -274,6 +282,7 @@ func TestStats(t *testing.T) {
 }
 
 func TestBenchBaseline(t *testing.T) {
+	t.Parallel()
 	s, node := startMesh(t)
 	r := meshctl(t, s, "", "bench", "-n", "200", "-c", "4", "--baseline")
 	wantCode(t, r, 0)
@@ -307,6 +316,7 @@ func TestBenchBaseline(t *testing.T) {
 }
 
 func TestBenchNoTarget(t *testing.T) {
+	t.Parallel()
 	s, _ := startMesh(t)
 	wantCode(t, meshctl(t, s, "", "bench", "-n", "10", "--node", "nope"), 3)
 	wantCode(t, meshctl(t, s, "", "bench", "-n", "10", "--to", "nokind/x"), 3)
@@ -316,6 +326,7 @@ func TestBenchNoTarget(t *testing.T) {
 }
 
 func TestDrain(t *testing.T) {
+	t.Parallel()
 	s, node := startMesh(t)
 	r := meshctl(t, s, "", "drain", "n1")
 	wantCode(t, r, 0)
@@ -343,6 +354,7 @@ func TestDrain(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	s, _ := startMesh(t)
 	for _, tc := range []struct {
 		name string
@@ -372,6 +384,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestUnreachableServer(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{"nodes"}, {"send", "echo/a", "x"}, {"bench", "-n", "1"}, {"drain", "n1"}} {
 		r := meshctl(t, nil, "", append([]string{"-s", "nats://127.0.0.1:1"}, args...)...)
 		wantCode(t, r, 2)
@@ -382,6 +395,7 @@ func TestUnreachableServer(t *testing.T) {
 }
 
 func TestPayloadOverMaxPayload(t *testing.T) {
+	t.Parallel()
 	s, node := startMesh(t, natstest.WithMaxPayload(1024))
 	big := strings.Repeat("x", 2000)
 	r := meshctl(t, s, "", "send", "echo/a", big)
@@ -402,6 +416,7 @@ func TestPayloadOverMaxPayload(t *testing.T) {
 }
 
 func TestTimeout(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	// Something serves the ingress but never answers.
 	nc := natstest.Connect(t, s)
@@ -423,6 +438,7 @@ func TestTimeout(t *testing.T) {
 // TestBenchAbortsWhenTargetGoes: a bench whose target node goes away stops
 // after a bounded number of failures and prints what it measured.
 func TestBenchAbortsWhenTargetGoes(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	n, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "gone"})
@@ -462,6 +478,7 @@ func TestBenchAbortsWhenTargetGoes(t *testing.T) {
 // watch ignores silence while bench's own connection reconnects and a
 // moment of no responders while the target's does — and it completes.
 func TestBenchRidesOutServerRestart(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	conf := fmt.Sprintf("port: %d\n", port)
 	s := natstest.RunConfig(t, conf)
@@ -522,6 +539,7 @@ func freePort(t *testing.T) int {
 // a node serves, whichever re-send finds it; with no node at all it still
 // says so (exit 3).
 func TestSendWaitsBrieflyForTheIngress(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	r := meshctl(t, s, "", "send", hubs.EchoKind+"/x", "hi")
 	wantCode(t, r, exitVerdict)

@@ -15,6 +15,7 @@ import (
 // cancel through a node's control endpoint; a missing reminder exits 3, a
 // bad schedule 1.
 func TestReminders(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	node, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "n1", Logger: slog.New(slog.DiscardHandler),
@@ -56,6 +57,7 @@ func TestReminders(t *testing.T) {
 // is asked; --allow-past accepts the past; cancel names what it cancelled,
 // and "no such reminder" names what it did not find.
 func TestRemindersSetRefusesWhatTheServerWould(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	node, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "n1", Logger: slog.New(slog.DiscardHandler),
@@ -104,6 +106,7 @@ func TestRemindersSetRefusesWhatTheServerWould(t *testing.T) {
 // node hosts keeps its fire pending; list shows it (pending fire, the
 // no-placement failure) and cancel drops it.
 func TestRemindersNoPlacementListedAndCancelled(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	node, err := mesh.NewNode(mesh.NodeConfig{Conn: nc, Name: "n1", Logger: slog.New(slog.DiscardHandler),

@@ -16,6 +16,7 @@ import (
 // and -o json) with its owner, epoch and revision; no stored state, no
 // node to read it and a bad address are errors with their exit codes.
 func TestStateGet(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	if r := meshctl(t, s, "", "state", "get", "kv/none"); r.code != exitVerdict || !strings.Contains(r.stderr, "no natsmesh node") {
 		t.Fatalf("before any node: %s", r)

@@ -122,6 +122,7 @@ func meshctlNodes(owner *mesh.Node) []string {
 var frameLine = regexp.MustCompile(`^epoch=(\d+) version=(\d+) (snapshot|delta) (.*)$`)
 
 func TestSubscribeTable(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	r := start(t, s, "subscribe", "kv/x", "--count", "3")
@@ -162,6 +163,7 @@ func TestSubscribeTable(t *testing.T) {
 }
 
 func TestSubscribeJSON(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	kvSet(t, owner, "kv/j", "pre=0") // in the snapshot
@@ -205,6 +207,7 @@ func TestSubscribeJSON(t *testing.T) {
 }
 
 func TestSubscribeInterrupted(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	r := start(t, s, "subscribe", "kv/i")
@@ -223,6 +226,7 @@ func TestSubscribeInterrupted(t *testing.T) {
 // TestSubscribeTornDown: a subscription the owner ends and then refuses is
 // torn down: a one-line error and exit 3, after the frames it applied.
 func TestSubscribeTornDown(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	var refuse atomic.Bool
 	var ownerSide atomic.Pointer[syncstream.Owner]
@@ -261,6 +265,7 @@ func TestSubscribeTornDown(t *testing.T) {
 }
 
 func TestSubscribeUsageAndSetupErrors(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	for _, tc := range []struct {
 		name string
@@ -310,6 +315,7 @@ func TestSubscribeUsageAndSetupErrors(t *testing.T) {
 // TestSubscribeKeepsRegistryTTL: joining does not change the registry
 // bucket the mesh configured (its TTL is the mesh's liveness contract).
 func TestSubscribeKeepsRegistryTTL(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	r := start(t, s, "subscribe", "kv/t", "--count", "1")
@@ -333,6 +339,7 @@ func TestSubscribeKeepsRegistryTTL(t *testing.T) {
 }
 
 func TestSubscribeNoAnswer(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	startOwner(t, s, nil)
 	// No node hosts kind "nokind": placement keeps failing (resendable)
@@ -348,6 +355,7 @@ func TestSubscribeNoAnswer(t *testing.T) {
 // TestSubscriberShownApart: a running subscribe registers as a subscriber,
 // which meshctl nodes counts apart from the mesh's nodes.
 func TestSubscriberShownApart(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	r := start(t, s, "subscribe", "kv/apart")
@@ -370,6 +378,7 @@ func TestSubscriberShownApart(t *testing.T) {
 // verdict that says nothing was placed — within a --timeout of 5 s, where the
 // ladder would have taken ≈10 s and ended in exit 4.
 func TestUnknownKindAnswersQuickly(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	startOwner(t, s, nil)
 	r := meshctl(t, s, "", "--timeout", "5s", "send", "nope/x", "hello", "--id", "typo-1")

@@ -16,6 +16,7 @@ import (
 // (the subject the node profile allows, issue 22), for each account of a
 // server; a user that may not ask gets ErrNoAccountInfo, not a hang.
 func TestAccountAdvisorySubject(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t, natstest.WithConfig(`accounts {
   SYS {}
   APP { users: [{user: app, password: a}] }
@@ -46,6 +47,7 @@ system_account: SYS
 // (ErrAdvisoriesSilent) once its wait ends instead of claiming prompt
 // failure; a server without a system account is silent the same way.
 func TestProbeAdvisories(t *testing.T) {
+	t.Parallel()
 	withImport := `accounts {
   SYS { exports: [{stream: "$SYS.ACCOUNT.MESH.DISCONNECT", accounts: [MESH]}] }
   MESH { users: [{user: mesh, password: m}], imports: [{stream: {account: SYS, subject: "$SYS.ACCOUNT.MESH.DISCONNECT"}}] }

@@ -19,6 +19,7 @@ import (
 // finds it and b's registration is lost; only then does w's takeover time
 // run, the fencing delay after the mark.
 func TestTakeoverWaitsForADurableDeparture(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	const fencing = 300 * time.Millisecond
 	w := join(t, natstest.Connect(t, s), "w", Config{FencingDelay: fencing})

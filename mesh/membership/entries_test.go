@@ -50,6 +50,7 @@ func ownEntry(m *Membership) bool {
 // they are reported (log and Stats().Overwritten) and replaced by the
 // node's entry — the node is neither fenced nor superseded.
 func TestRegistryForeignEntries(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	a := join(t, natstest.Connect(t, s), "a", Config{})
 	w := join(t, natstest.Connect(t, s), "w", Config{})
@@ -87,6 +88,7 @@ func TestRegistryForeignEntries(t *testing.T) {
 // name whose entry holds 2^64-1 (or any generation far beyond the clock)
 // is refused with a clear error instead of wrapping to generation 0.
 func TestRegisterRefusesAbsurdGeneration(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	w := join(t, natstest.Connect(t, s), "w", Config{})
 	kv := registry(t, w)
@@ -116,6 +118,7 @@ func TestRegisterRefusesAbsurdGeneration(t *testing.T) {
 // 1825, 8 329 times). The entry is not reported overwritten, the node is
 // not fenced, and it recovers once the reads catch up.
 func TestHeartbeatStaleReadWaitsForTheNextBeat(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	a := join(t, natstest.Connect(t, s), "a", Config{})
 	kv := registry(t, a)

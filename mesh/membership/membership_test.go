@@ -54,6 +54,7 @@ func join(t *testing.T, nc *nats.Conn, name string, cfg Config) *Membership {
 }
 
 func TestJoinLeaveExpire(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	watcher := join(t, natstest.Connect(t, s), "w", Config{})
 	var rec recorder
@@ -87,6 +88,7 @@ func TestJoinLeaveExpire(t *testing.T) {
 // TestSupersede: a node restarted with the same name before its TTL: the old
 // generation is retired at once, and it learns it lost its registration.
 func TestSupersede(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	watcher := join(t, natstest.Connect(t, s), "w", Config{})
 	var rec recorder
@@ -116,6 +118,7 @@ func TestSupersede(t *testing.T) {
 // TestGenerationsIncrease: generations are strictly increasing per name even
 // when registrations race.
 func TestGenerationsIncrease(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	var last uint64

@@ -18,6 +18,7 @@ import (
 // predecessor list that does not name the registered generation proves
 // nothing: a live one still refuses the name.
 func TestPredecessorSupersededAtOnce(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	long := Config{Heartbeat: 200 * time.Millisecond, TTL: 30 * time.Second, FencingDelay: 10 * time.Second}
 	watcher := join(t, natstest.Connect(t, s), "w", long)

@@ -15,6 +15,7 @@ import (
 // generation's own leave. Only a generation's own leave reads as Left. The
 // removed generation, still running, learns it is lost.
 func TestRemovalToldApartFromLeave(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	pub := natstest.Connect(t, s)
 	for _, tc := range []struct {

@@ -39,6 +39,7 @@ func (s *syncBuffer) String() string {
 // deadline: RetryEach tries again with a fresh bound until an answer comes,
 // and logs what it waits for meanwhile.
 func TestRetryEachBoundsSilentRequests(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t, natstest.WithoutJetStream())
 	srv := natstest.Connect(t, s)
 	var seen atomic.Int32

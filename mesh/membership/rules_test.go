@@ -38,6 +38,7 @@ func advisory(t *testing.T, pub interface {
 // prove the process gone or cut off depart a member; "Server Shutdown" (a
 // restart, lame duck) and others are reported Moved and keep it.
 func TestAdvisoryReasons(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	pub := natstest.Connect(t, s)
 	const subj = "test.advisory"
@@ -92,6 +93,7 @@ func TestAdvisoryReasons(t *testing.T) {
 // node's revision is stale, the stored entry is still its own) re-reads the
 // entry and goes on; it never fences the node.
 func TestLostHeartbeatReplyDoesNotFence(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	a := join(t, natstest.Connect(t, s), "a", Config{})
 	for range 5 {
@@ -119,6 +121,7 @@ func TestLostHeartbeatReplyDoesNotFence(t *testing.T) {
 // superseded without Replace, and nothing is written; with Replace it is.
 // A generation that stopped beating does not hold its name.
 func TestSameNameRefused(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: time.Second}
@@ -174,6 +177,7 @@ func TestSameNameRefused(t *testing.T) {
 // TestJoinOrder: BeforeAnnounce runs with the generation before it is in
 // the registry.
 func TestJoinOrder(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	probe := join(t, natstest.Connect(t, s), "probe", Config{})
@@ -196,6 +200,7 @@ func TestJoinOrder(t *testing.T) {
 // TestTakeoverAfterFencingDelay: survivors may take a departed generation's
 // addresses over only a fencing delay after they learned the departure.
 func TestTakeoverAfterFencingDelay(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	w := join(t, natstest.Connect(t, s), "w", Config{FencingDelay: 300 * time.Millisecond})
 	a := join(t, natstest.Connect(t, s), "a", Config{})
@@ -241,6 +246,7 @@ func TestTakeoverAfterFencingDelay(t *testing.T) {
 
 // TestRegistryClock: silence is counted only while writes are seen.
 func TestRegistryClock(t *testing.T) {
+	t.Parallel()
 	var c registryClock
 	if c.tick(time.Second, time.Second) != 0 {
 		t.Fatal("the clock ran before any write")
@@ -261,6 +267,7 @@ func TestRegistryClock(t *testing.T) {
 // at once over core NATS (no registry write needed): the others report it
 // Moved — not departed — with its new connection.
 func TestMovedNoticeOnReconnect(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	w := join(t, natstest.Connect(t, s), "w", Config{})
 	var rec recorder
@@ -294,6 +301,7 @@ func TestMovedNoticeOnReconnect(t *testing.T) {
 // succeed does not see the others' heartbeats; it must not count that as
 // their silence. Nobody is expired, nobody's registration is lost.
 func TestBlindWatcherExpiresNobody(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	a := join(t, natstest.Connect(t, s), "a", Config{})
@@ -352,6 +360,7 @@ func TestBlindWatcherExpiresNobody(t *testing.T) {
 // restarted after a drain whose leave failed was refused its own name as
 // "live"). Only a beat rising past the highest seen, twice, is live.
 func TestSameNameStaleReadsNotLive(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: time.Second}
 	old := join(t, natstest.Connect(t, s), "stale", cfg)
@@ -386,6 +395,7 @@ func TestSameNameStaleReadsNotLive(t *testing.T) {
 // then read its own lost generation as "registered meanwhile" and stood
 // down (ErrNameInUse).
 func TestRejoinFirstReadOfAnOlderGeneration(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: time.Second}
 	older := join(t, natstest.Connect(t, s), "rj", cfg)
@@ -448,6 +458,7 @@ func (e watchedEntry) Created() time.Time              { return time.Now() }
 // written after this generation registered. Before, the replay made a node
 // that had just joined drop its activations and rejoin.
 func TestWatchReplayBeforeRegistration(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 5 * time.Second}
 	name := "wr"
@@ -567,6 +578,7 @@ func TestWatchReplayBeforeRegistration(t *testing.T) {
 // beat counted the read as a lagging replica's, for good: the lease lapsed
 // and the node neither served nor rejoined.
 func TestHeartbeatRegistryRevisionsFell(t *testing.T) {
+	t.Parallel()
 	for _, newer := range []bool{false, true} {
 		t.Run(fmt.Sprintf("newer=%v", newer), func(t *testing.T) {
 			s := natstest.RunServer(t)
@@ -636,6 +648,7 @@ func TestHeartbeatRegistryRevisionsFell(t *testing.T) {
 // addresses of a generation that could still renew its lease be taken
 // over.
 func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 5 * time.Second}
 	m := join(t, natstest.Connect(t, s), "observer", cfg)
@@ -687,6 +700,7 @@ func TestStaleReplayDoesNotMakeADepartureDurable(t *testing.T) {
 // replayed from between the judged entry and the late heartbeat proves
 // nothing at all.
 func TestLateHeartbeatDelaysADurableDeparture(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 5 * time.Second}
 	m := join(t, natstest.Connect(t, s), "observer", cfg)
@@ -754,6 +768,7 @@ func TestLateHeartbeatDelaysADurableDeparture(t *testing.T) {
 // the late heartbeat renewed the lease. And a re-watch replaying the mark
 // does not push the takeover back again.
 func TestRetriedMarkWaitsOutALateHeartbeat(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 5 * time.Second}
 	m := join(t, natstest.Connect(t, s), "observer", cfg)
