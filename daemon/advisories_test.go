@@ -30,6 +30,7 @@ func advisoriesGauge(t *testing.T, info Info) (float64, bool) {
 // warning names the fallback to the registry TTL, instead of a log line
 // that suggests prompt failure works.
 func TestAdvisorySelfCheck(t *testing.T) {
+	t.Parallel()
 	t.Run("embedded", func(t *testing.T) {
 		var logs natstest.SyncBuffer
 		info := runNode(t, "adv-embedded", func(c *Config) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })

@@ -28,6 +28,7 @@ import (
 // across restarts; a client without a key is refused; the client seed
 // reaches the ingress and nothing else; the node serves with the node seed.
 func TestRunWithAuth(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	var first AuthKeys
 	for round := range 2 {
@@ -161,6 +162,7 @@ func TestRunWithAuth(t *testing.T) {
 }
 
 func TestListenBeyondLoopbackNeedsAuth(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		cfg Config
 		ok  bool
@@ -188,6 +190,7 @@ func TestListenBeyondLoopbackNeedsAuth(t *testing.T) {
 }
 
 func TestAuthKeysRefuseLooseFiles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	if _, err := EnsureAuthKeys(dir); err != nil {
 		t.Fatal(err)
@@ -213,6 +216,7 @@ func TestAuthKeysRefuseLooseFiles(t *testing.T) {
 // TestNegativeSettingNamed: a negative setting is refused naming that one
 // setting and its flag (a fresh-user trial met one message listing eight).
 func TestNegativeSettingNamed(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		cfg  Config
 		want string
@@ -232,6 +236,7 @@ func TestNegativeSettingNamed(t *testing.T) {
 // TestMalformedNATSURL: a malformed NATSURL is an invalid config, found
 // before anything is dialed.
 func TestMalformedNATSURL(t *testing.T) {
+	t.Parallel()
 	for _, u := range []string{"nats//127.0.0.1::4222", "nats://127.0.0.1::4222", "http://x", " "} {
 		cfg := Config{Name: "n", NATSURL: u}
 		if err := cfg.validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "NATSURL") {

@@ -37,6 +37,7 @@ func startEmbeddedForTest(t *testing.T) *server.Server {
 }
 
 func TestEmbeddedOptions(t *testing.T) {
+	t.Parallel()
 	opts, err := EmbeddedOptions("127.0.0.1:0", t.TempDir(), "meshd-x")
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +61,7 @@ func TestEmbeddedOptions(t *testing.T) {
 // sees the disconnect advisory of another MESH client on the imported
 // subject, and has JetStream.
 func TestEmbeddedDisconnectAdvisory(t *testing.T) {
+	t.Parallel()
 	ns := startEmbeddedForTest(t)
 	url := ns.ClientURL()
 
@@ -147,6 +149,7 @@ func waitDisconnect(t *testing.T, ch <-chan *nats.Msg, name string, timeout time
 // TestEmbeddedDocs: the export and import lines that docs/operations.md and
 // the EmbeddedOptions doc comment give operators are the embedded server's.
 func TestEmbeddedDocs(t *testing.T) {
+	t.Parallel()
 	lines := []string{
 		`exports: [{stream: "$SYS.ACCOUNT.MESH.DISCONNECT", accounts: [MESH]}]`,
 		`imports: [{stream: {account: SYS, subject: "$SYS.ACCOUNT.MESH.DISCONNECT"}}]`,

@@ -12,6 +12,7 @@ import (
 // TestMetricsLeaveSubscribersOut: a subscriber's joins and departures (each
 // meshctl subscribe) do not count as membership events.
 func TestMetricsLeaveSubscribersOut(t *testing.T) {
+	t.Parallel()
 	m := newDepartureMetrics()
 	node := membership.Member{Node: subjects.NodeID{Name: "n1", Generation: 1}}
 	sub := membership.Member{Node: subjects.NodeID{Name: "meshctl-1", Generation: 2}, Subscriber: true}

@@ -18,6 +18,7 @@ import (
 // at once that it needs the node profile's user — not, ten seconds later,
 // that JetStream did not answer.
 func TestWrongProfileNamesTheNodeProfile(t *testing.T) {
+	t.Parallel()
 	m := profiles.Mesh{}
 	conf, err := profiles.AccountsConf(m, []profiles.User{
 		{User: "node", Password: "np", Profile: profiles.Node(m)},

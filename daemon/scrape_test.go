@@ -128,6 +128,7 @@ var wantMetrics = map[string]dto.MetricType{
 // build, identity, server), promlint (promtool's rules) finds nothing, and
 // a scraper asking for OpenMetrics gets it.
 func TestMetricsScrape(t *testing.T) {
+	t.Parallel()
 	info := runNode(t, "scraped", nil)
 	nc := natstest.ConnectURL(t, info.NATSURL)
 	for i := range 5 {

@@ -22,6 +22,7 @@ import (
 // hung for the 8 s of the TTL). Here the name's holder heartbeats, so the
 // join ends ErrNameInUse.
 func TestProbesAnswerWhileJoining(t *testing.T) {
+	t.Parallel()
 	a := runNode(t, "same", nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 )
 
 func TestAnswerTokens(t *testing.T) {
+	t.Parallel()
 	k1, k2 := newAnswerKey(), newAnswerKey()
 	if len(k1) != 32 || k1 == k2 {
 		t.Fatalf("keys %q %q: want 32 hex digits, distinct", k1, k2)
@@ -38,6 +39,7 @@ func TestAnswerTokens(t *testing.T) {
 // TestAnswerTokenIsHMAC pins the allocation-free HMAC against crypto/hmac,
 // across key and ID lengths on both sides of the block size and MaxIDLen.
 func TestAnswerTokenIsHMAC(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, kl := range []int{0, 1, 31, 32, 63, 64, 65, 200} {
 		for _, il := range []int{0, 1, 22, 127, 128, 129, 300} {
@@ -64,6 +66,7 @@ func TestAnswerTokenIsHMAC(t *testing.T) {
 }
 
 func TestAnswerSubjectRule(t *testing.T) {
+	t.Parallel()
 	h := &Host{ansPrefix: subjects.DefaultPrefix.Sub(AnswerToken + ".")}
 	for s, ok := range map[string]bool{
 		"mesh.v1.ans.a.1":          true,

@@ -64,6 +64,7 @@ func allowN(b *breaker, k breakerKey, n int) (ok int) {
 }
 
 func TestBreakerWindow(t *testing.T) {
+	t.Parallel()
 	clk := newFakeClock()
 	b := newBreaker(3, clk.now)
 	k := breakerKey{Sender: "s.1", Target: "echo/a", Type: "t", Stream: "x"}
@@ -154,6 +155,7 @@ func TestBreakerAllocs(t *testing.T) {
 // subjects.StreamIdentity (as the sender's lane key does); clients that give
 // no sender share one key per target, type and stream.
 func TestBreakerKey(t *testing.T) {
+	t.Parallel()
 	d := &Delivery{Sender: "n.2", To: "echo/a", Type: "t", Stream: "s", ID: "x", From: "echo/z", Attempt: 3}
 	want := breakerKey{Sender: "n.2", Target: "echo/a", Type: "t", Stream: subjects.StreamIdentity("s")}
 	if k := keyOf(d); k != want {
@@ -166,6 +168,7 @@ func TestBreakerKey(t *testing.T) {
 }
 
 func TestBreakerConfig(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t, natstest.WithoutJetStream())
 	nc := natstest.Connect(t, s)
 	node := subjects.NodeID{Name: "b", Generation: 1}
@@ -194,6 +197,7 @@ func TestBreakerConfig(t *testing.T) {
 // in the next window. The clock is frozen, so the window never turns on its
 // own and the counts are exact.
 func TestWireStormBreaker(t *testing.T) {
+	t.Parallel()
 	const (
 		rate     = 50
 		minFlood = 500
@@ -399,6 +403,7 @@ func TestWireStormBreaker(t *testing.T) {
 // plain legs share the rate; a leg out of sequence is refused
 // out-of-order.
 func TestBreakerSkipsWindowedLegs(t *testing.T) {
+	t.Parallel()
 	const rate = 5
 	s := natstest.RunServer(t, natstest.WithoutJetStream())
 	nc := natstest.Connect(t, s)

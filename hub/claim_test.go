@@ -142,6 +142,7 @@ func send(nc *nats.Conn, node subjects.NodeID, addr subjects.Address, id, payloa
 // deliveries park unanswered, then are Accepted and handled in arrival
 // order once the claim succeeds — each with one verdict.
 func TestClaimOffIntake(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
@@ -188,6 +189,7 @@ func TestClaimOffIntake(t *testing.T) {
 // node-wide backlog, deliveries are refused Ignored (inbox full) at once;
 // the parked ones still get exactly one verdict each.
 func TestClaimParkBounds(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
@@ -220,6 +222,7 @@ func TestClaimParkBounds(t *testing.T) {
 
 // TestClaimsPipelined: claims of many cold addresses are in flight at once.
 func TestClaimsPipelined(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
@@ -248,6 +251,7 @@ func TestClaimsPipelined(t *testing.T) {
 // TestClaimFailureRefusesParked: a failed claim refuses every parked
 // delivery once with the resendable directory verdict, and holds nothing.
 func TestClaimFailureRefusesParked(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
@@ -272,6 +276,7 @@ func TestClaimFailureRefusesParked(t *testing.T) {
 // draining right after claiming is released (it used to leak), on both the
 // parked path and the explicit Activate path.
 func TestActivateDrainingReleasesClaim(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	for _, explicit := range []bool{false, true} {
@@ -352,6 +357,7 @@ func TestBuildOutlivingCloseIsDeactivated(t *testing.T) {
 // of an idle activation returns at once. Repeated, at every moment of the
 // turn's end relative to the wait.
 func TestDeactivateWaitsForTheTurn(t *testing.T) {
+	t.Parallel()
 	var c deactCounter
 	release := make(chan chan struct{}, 1)
 	h, nc, node := kindHost(t, "turn", func(context.Context, subjects.Address) (Hub, error) {
@@ -405,6 +411,7 @@ func (b blockingHub) Deactivate(context.Context) { b.c.deactivated.Add(1) }
 // host, and then activates it anew: the new activation never exists beside
 // the old one's running turn.
 func TestActivateWaitsForTheClosingTurn(t *testing.T) {
+	t.Parallel()
 	var c deactCounter
 	release := make(chan chan struct{}, 1)
 	h, nc, node := kindHost(t, "turn", func(context.Context, subjects.Address) (Hub, error) {
@@ -502,6 +509,7 @@ func (o overlapHub) Handle(_ context.Context, d *Delivery) error {
 // by TestLeaseServerPartition: a state save stuck 10 s in a partition, and
 // 95 turns of the successor under it).
 func TestStoodDownTurnBlocksTheNextActivation(t *testing.T) {
+	t.Parallel()
 	var running, worst atomic.Int64
 	gate := make(chan chan struct{}, 1)
 	handled := make(chan string, 16)

@@ -20,6 +20,7 @@ import (
 // every address activates again (claiming anew) on its next delivery,
 // over three rounds of collection.
 func TestIdleCollectionReleasesEveryClaim(t *testing.T) {
+	t.Parallel()
 	const n = 200
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
@@ -81,6 +82,7 @@ func (d deactivatorHub) Deactivate(context.Context) { d.onDeactivate(d.addr) }
 // pinned hub, a turn or a build lasting several timeouts — and then it is
 // collected (the janitor's agenda requeues it rather than forgetting it).
 func TestIdleCollectionAgenda(t *testing.T) {
+	t.Parallel()
 	const idle = 100 * time.Millisecond
 	const watch = 6 * idle // how long "not collected meanwhile" is watched
 	type env struct {

@@ -18,6 +18,7 @@ import (
 // grant, keep the header form; and a leg that does not ask gets the header
 // form (an older sender).
 func TestCompactAccepted(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	h := startHost(t, nc)
@@ -72,6 +73,7 @@ func TestCompactAccepted(t *testing.T) {
 // TestParseCompactAccepted: only a message without headers whose payload
 // starts with "+" is a compact Accepted.
 func TestParseCompactAccepted(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		hdr  int
 		data string

@@ -10,6 +10,7 @@ import (
 // forgotten ID's re-add gets a new record that forget of the old one leaves
 // alone.
 func TestDedupeRecordsFromSlabs(t *testing.T) {
+	t.Parallel()
 	const window = 3*recordSlab + 5
 	d := newDedupe(window, 1<<20)
 	seen := map[*record]bool{}

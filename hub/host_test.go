@@ -65,6 +65,7 @@ func requestMsg(t *testing.T, nc *nats.Conn, subject string, hdr map[string]stri
 }
 
 func TestWireIntake(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	h := startHost(t, nc)
@@ -103,6 +104,7 @@ func TestWireIntake(t *testing.T) {
 // TestWireAnswers: responses and handler errors reach the answer subject
 // with the delivery's ID.
 func TestWireAnswers(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	h := startHost(t, nc)
@@ -142,6 +144,7 @@ func TestWireAnswers(t *testing.T) {
 }
 
 func TestDedupeWindowEvicts(t *testing.T) {
+	t.Parallel()
 	d := newDedupe(3, 10)
 	seen := func(id string) bool { return d.lookup(id) != nil }
 	recs := map[string]*record{}
@@ -198,6 +201,7 @@ func TestDedupeWindowEvicts(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
+	t.Parallel()
 	if _, err := New(Config{}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("empty config: %v", err)
 	}
@@ -216,6 +220,7 @@ func TestConfigValidation(t *testing.T) {
 // late failure) hands them over exactly once; after it, a duplicate reads
 // the recorded outcome instead.
 func TestDedupeAlsoAnswer(t *testing.T) {
+	t.Parallel()
 	for _, settle := range []string{"response", "terminal", "resendable"} {
 		d := newDedupe(8, 1<<10)
 		r := d.add("q", true, "mesh.v1.ans.x.a.1")

@@ -21,6 +21,7 @@ import (
 // activation) refuses everything but an epoch's first leg, and a delivery
 // without the header (one leg at a time, like `nats req`) is not checked.
 func TestLaneSequence(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	h := startHost(t, nc)
@@ -86,6 +87,7 @@ func TestLaneSequence(t *testing.T) {
 // it one is evicted, and a leg of an evicted lane is refused out of order
 // unless it starts an epoch.
 func TestLaneStateBound(t *testing.T) {
+	t.Parallel()
 	a := &activation{addr: "echo/b"}
 	e := &entry{}
 	e.Stream = "s"
@@ -120,6 +122,7 @@ func TestLaneStateBound(t *testing.T) {
 // is roomy, half its free room while it fills, at least 1; no other reply
 // carries it.
 func TestLaneWindowGrant(t *testing.T) {
+	t.Parallel()
 	started, grantOf := slowHost(t, Config{InboxSize: 40, LaneWindow: 16})
 	grant := func(lane string) string { t.Helper(); return grantOf("snd.1", lane) }
 	if g := grant(""); g != "" {
@@ -152,6 +155,7 @@ func TestLaneWindowGrant(t *testing.T) {
 // room of its inbox: each lane's grant is its part of half of it, so the
 // lanes together are granted no more than the inbox holds.
 func TestLaneWindowGrantShared(t *testing.T) {
+	t.Parallel()
 	started, grant := slowHost(t, Config{InboxSize: 200})
 	grant("x.1", "")
 	<-started

@@ -23,6 +23,7 @@ import (
 // is taken before it is asked), for a turn of a plain handler and for a
 // batch.
 func TestTurnRegatedAfterAPause(t *testing.T) {
+	t.Parallel()
 	const n = 3 // deliveries, parked while the hub builds: a batch takes them all
 	for _, tc := range []struct {
 		name  string

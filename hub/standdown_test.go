@@ -17,6 +17,7 @@ import (
 // verifier calls it) — and the claim is released when that turn returns,
 // by that token.
 func TestStandDownByToken(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	g := newGateClaims(subjects.NodeID{Name: "a", Generation: 1})

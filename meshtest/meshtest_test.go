@@ -48,6 +48,7 @@ func startNode(t *testing.T, s *server.Server, name string) *mesh.Node {
 // so that most deliveries are forwarded from the ingress node to another
 // owner.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	startNode(t, s, "n1")
 	n2 := startNode(t, s, "n2")
@@ -63,6 +64,7 @@ func TestConformance(t *testing.T) {
 // without membership (unknown-kind instead of no-placement) and a custom
 // prefix.
 func TestConformanceStandalone(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, err := mesh.NewNode(mesh.NodeConfig{Conn: natstest.Connect(t, s), Name: "solo", Logger: quiet, Prefix: "acme.mesh.v1"}, mesh.WithLogger(quiet))
 	if err != nil {
@@ -258,6 +260,7 @@ func printableID(id string) bool {
 // TestChecksBite runs single checks against the fake ingress: without a
 // defect they pass, so each failure below is the defect's.
 func TestChecksBite(t *testing.T) {
+	t.Parallel()
 	checks := []struct {
 		name   string
 		defect func(*fake)
@@ -405,6 +408,7 @@ func (x *mitm) serve(t *testing.T) {
 // window grant dropped, two legs of a lane delivered out of order, an
 // answer whose token does not bind it to the accepting generation.
 func TestDirectChecksBite(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		check  string
 		defect func(*mitm)

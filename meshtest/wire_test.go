@@ -5,6 +5,7 @@ import "testing"
 // TestEncodeTokenExamples pins the suite's own encoder to the worked
 // examples of protocol.md §2.5.
 func TestEncodeTokenExamples(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ in, want string }{
 		{"echo/x", "echo/x"},
 		{"", "="},
@@ -27,6 +28,7 @@ func TestEncodeTokenExamples(t *testing.T) {
 
 // TestValidPrefix applies §2.1.
 func TestValidPrefix(t *testing.T) {
+	t.Parallel()
 	for p, ok := range map[string]bool{"mesh.v1": true, "a": true, "acme-1.mesh_2.v1": true, "": false, "a..b": false, "a.": false, "a.*": false, "a.>": false, "a b": false} {
 		if err := validPrefix(p); (err == nil) != ok {
 			t.Errorf("validPrefix(%q) = %v", p, err)

@@ -21,6 +21,7 @@ import (
 // a user without any profile, who may publish deliveries): the node never
 // publishes its response on its own control subject or into the registry.
 func TestAnswerSubjectOutsideAnsRefused(t *testing.T) {
+	t.Parallel()
 	e := newSecured(t)
 	v := e.node(t, "victim", "node")
 	p := subjects.DefaultPrefix
@@ -99,6 +100,7 @@ func TestAnswerSubjectOutsideAnsRefused(t *testing.T) {
 // first: the sender ignores the forged response, counts it, and returns
 // the handler's real one.
 func TestForgedResponseIgnored(t *testing.T) {
+	t.Parallel()
 	e := newSecured(t)
 	a := e.node(t, "a", "node")
 	b := e.node(t, "b", "node")
@@ -155,6 +157,7 @@ func TestForgedResponseIgnored(t *testing.T) {
 // handled: the sender does not report it (no invitation to a duplicate) and
 // counts it.
 func TestForgedLateVerdictIgnored(t *testing.T) {
+	t.Parallel()
 	e := newSecured(t)
 	a := e.node(t, "a", "node")
 	b := e.node(t, "b", "node")

@@ -25,6 +25,7 @@ import (
 // is untouched: not drained, not departed, its registry entry and claims
 // its own.
 func TestClientProfileRefusesAttacks(t *testing.T) {
+	t.Parallel()
 	e := newSecured(t)
 	v := e.node(t, "victim", "node")
 	p := subjects.DefaultPrefix
@@ -117,6 +118,7 @@ func TestClientProfileRefusesAttacks(t *testing.T) {
 // who wrote a registry entry, a claim or an advisory. These pin what
 // SECURITY.md says the profiles are for.
 func TestWithoutProfilesAttacksSucceed(t *testing.T) {
+	t.Parallel()
 	e := newSecured(t)
 	p := subjects.DefaultPrefix
 	at := e.attacker(t, openUser)

@@ -20,6 +20,7 @@ import (
 // user's deliveries meanwhile still come back Accepted. Before, the flood
 // held every slot and the victim's were answered Ignored (inbox-full).
 func TestIngressFloodFromProfiles(t *testing.T) {
+	t.Parallel()
 	e := newSecured(t)
 	v := e.node(t, "victim", "node")
 	p := subjects.DefaultPrefix

@@ -23,6 +23,7 @@ import (
 // services) or in the nodes' inbox: it forwards nothing and answers
 // nothing; the victim is not drained, superseded, or its registry deleted.
 func TestIngressReplySubjectReflectionRefused(t *testing.T) {
+	t.Parallel()
 	e := newSecured(t)
 	v := e.node(t, "victim", "node")
 	p := subjects.DefaultPrefix

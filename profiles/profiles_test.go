@@ -23,6 +23,7 @@ import (
 // ingress for the client profile, control and discovery
 // for the operator profile, and departure by disconnect advisory.
 func TestProfilesServeTheMesh(t *testing.T) {
+	t.Parallel()
 	e := newSecured(t)
 	a := e.node(t, "a", "node")
 	b := e.node(t, "b", "node")

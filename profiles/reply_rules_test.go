@@ -25,6 +25,7 @@ import (
 // there (an echo), read by a node-profile subscriber of the node inbox and
 // by bob.
 func TestIngressReplyRules(t *testing.T) {
+	t.Parallel()
 	pw := func(name string) profiles.User {
 		return profiles.User{User: name, Password: name + "-secret", Profile: profiles.Client(profiles.Mesh{ClientInbox: "_INBOX." + name})}
 	}

@@ -23,6 +23,7 @@ import (
 // a6dcd69 against the profiles' real server; that commit's own test used
 // an unrestricted connection.)
 func TestClientProfileStreamProtocolRefused(t *testing.T) {
+	t.Parallel()
 	e := newSecured(t)
 	v := e.node(t, "victim", "node")
 	p := subjects.DefaultPrefix

@@ -17,6 +17,7 @@ import (
 //	NATSMESH_WRITE_SUITE_ACCOUNTS=/tmp/node.conf go test ./profiles -run TestWriteSuiteAccounts
 //	NATSMESH_TEST_ACCOUNTS=/tmp/node.conf NATSMESH_TEST_INBOX=_INBOX_mesh_v1 go test ./hub ./mesh/...
 func TestWriteSuiteAccounts(t *testing.T) {
+	t.Parallel()
 	path := os.Getenv("NATSMESH_WRITE_SUITE_ACCOUNTS")
 	if path == "" {
 		t.Skip("NATSMESH_WRITE_SUITE_ACCOUNTS not set")

@@ -73,6 +73,7 @@ func checkPayload(p []byte) error {
 // server max_payload small enough that batches are cut (and a frame larger
 // than a batch's bound travels alone), over many repetitions.
 func TestBurstAppliedInOrder(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t, natstest.WithMaxPayload(8192)) // batches of at most 4 KiB
 	owner, _ := startNode(t, s, "owner", false)
 	owned := startPublisher(t, owner)
@@ -155,6 +156,7 @@ func TestBurstAppliedInOrder(t *testing.T) {
 // JSON) gets one JSON natsmesh.frame per delivery, in order; one that asks
 // for format 1 gets natsmesh.frames.
 func TestLegacySubscriberGetsJSONFrames(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, _ := startNode(t, s, "owner", false)
 	owned := startPublisher(t, owner)
@@ -241,6 +243,7 @@ func TestLegacySubscriberGetsJSONFrames(t *testing.T) {
 // one whose first frame is valid and new — is refused with bad-request and
 // nothing of it is applied; a JSON natsmesh.frame is still applied.
 func TestMalformedFramesRefused(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, _ := startNode(t, s, "owner", false)
 	owned := startPublisher(t, owner)
@@ -350,6 +353,7 @@ func nuidFor(testing.TB) string {
 // every frame published before Close, then subscribes again (and gets a
 // fresh snapshot), over several rounds.
 func TestCloseFollowsQueuedFrames(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, _ := startNode(t, s, "owner", false)
 	owned := startPublisher(t, owner)

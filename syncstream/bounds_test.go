@@ -40,6 +40,7 @@ func boundedOwners(t testing.TB, n *mesh.Node, perStream, perCaller int) *sync.M
 // still subscribe until the stream's bound. Before, every subscribe was
 // registered.
 func TestSubscriberBounds(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, _ := startNode(t, s, "owner", false)
 	owners := boundedOwners(t, owner, 3, 2)
@@ -85,6 +86,7 @@ func TestSubscriberBounds(t *testing.T) {
 // to nodes — even if an ingress that does not refuse the protocol forwards
 // one (an older node during an upgrade).
 func TestSubscribeFromOutsideCallerRefused(t *testing.T) {
+	t.Parallel()
 	o := syncstream.NewOwner(nil, "bnd/y", func(subjects.Stream) []byte { return nil }, quiet)
 	d := &hub.Delivery{To: "bnd/y", Type: syncstream.TypeSubscribe, Caller: "inbox:_INBOX.mallory",
 		Payload: []byte(`{"subscriber":"_sub/m/1","stream":"","attempt":"x","format":1}`)}

@@ -22,6 +22,7 @@ import (
 // would leave the mirror wrong. Once the links hold, the subscriber is not
 // stale: its mirror converges on the hub's own state, key for key.
 func TestBreakerStreamLinkChaos(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, onc := startNode(t, s, "owner", true)
 	sub, snc := startNode(t, s, "sub", false)

@@ -25,6 +25,7 @@ import (
 // one may be applied past it meanwhile — the §7 guard takes any greater
 // version — until the snapshot of the resubscription replaces them.)
 func TestDroppedSubscriberResubscribes(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, _ := startNode(t, s, "owner", false)
 	owned := startPublisher(t, owner)

@@ -19,6 +19,7 @@ import (
 // key set so far, at an epoch greater than the last; no snapshot after the
 // first is empty and the mirror never loses a key.
 func TestKVContinuityAcrossMoves(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	a, _ := startNode(t, s, "a", true)
 	b, _ := startNode(t, s, "b", true)

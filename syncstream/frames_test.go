@@ -27,6 +27,7 @@ func sameFrames(a, b []syncstream.Frame) bool {
 }
 
 func TestFramesRoundTrip(t *testing.T) {
+	t.Parallel()
 	big := bytes.Repeat([]byte{0xA5}, 70000)
 	cases := [][]syncstream.Frame{
 		{{}},
@@ -60,6 +61,7 @@ func TestFramesRoundTrip(t *testing.T) {
 // TestFramesDataAliasesBounded: a decoded frame's Data may be appended to
 // without overwriting the next frame.
 func TestFramesDataAliasesBounded(t *testing.T) {
+	t.Parallel()
 	p := syncstream.AppendFrames(nil, syncstream.Frame{Epoch: 1, Version: 1, Data: []byte("ab")}, syncstream.Frame{Epoch: 1, Version: 2, Data: []byte("cd")})
 	fs, err := syncstream.DecodeFrames(p)
 	if err != nil {
@@ -72,6 +74,7 @@ func TestFramesDataAliasesBounded(t *testing.T) {
 }
 
 func TestDecodeFramesRejects(t *testing.T) {
+	t.Parallel()
 	good := syncstream.AppendFrames(nil, syncstream.Frame{Epoch: 300, Version: 2, Attempt: "att", Data: []byte("data")})
 	cases := map[string][]byte{
 		"empty":              nil,
@@ -136,6 +139,7 @@ func FuzzDecodeFrames(f *testing.F) {
 // TestFramesGolden pins the example of docs/protocol.md §8a, for other
 // implementations: one delta frame, epoch 150, version 3, data "hi".
 func TestFramesGolden(t *testing.T) {
+	t.Parallel()
 	want := []byte{0x01, 0x00, 0x96, 0x01, 0x03, 0x00, 0x02, 'h', 'i'}
 	f := syncstream.Frame{Epoch: 150, Version: 3, Data: []byte("hi")}
 	if got := syncstream.AppendFrames(nil, f); !bytes.Equal(got, want) {

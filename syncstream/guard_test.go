@@ -104,6 +104,7 @@ func (g *heldOwners) hold() (held <-chan string, release func()) {
 // response names its epoch. Each case runs several times, the foreign
 // snapshot arriving while the responder's subscribe is held.
 func TestSnapshotGuardOfLatestAttempt(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, _ := startNode(t, s, "owner", false)
 	g := newHeldOwners(t, owner, "held")

@@ -24,6 +24,7 @@ import (
 // natsmesh.frames, or any delivery to an internal "_" kind): each is refused
 // bad-request, nothing is applied, and the real updates keep arriving.
 func TestIngressRefusesStreamProtocol(t *testing.T) {
+	t.Parallel()
 	if want := []string{syncstream.TypeSubscribe, syncstream.TypeUnsubscribe, syncstream.TypeFrame, syncstream.TypeFrames}; !slices.Equal(mesh.NodeOnlyTypes, want) {
 		t.Fatalf("mesh.NodeOnlyTypes %v, the protocol's types %v", mesh.NodeOnlyTypes, want)
 	}

@@ -80,6 +80,7 @@ func (c *subscribeCounter) ownerOn(n subjects.NodeID) *syncstream.Owner {
 // as it closes), Drain (it leaves). A generation's count is final once it
 // has stopped.
 func TestOwnerRestartResubscribesOnce(t *testing.T) {
+	t.Parallel()
 	for _, stop := range []string{"close", "drain"} {
 		t.Run(stop, func(t *testing.T) {
 			t.Parallel() // each on its own server; the time is the subscriber's back-off

@@ -55,6 +55,7 @@ func TestFailedSubscribeLeavesNothing(t *testing.T) {
 // session (its address activated and claimed there), resubscribes once, and
 // keeps receiving frames: never silently stale, never closed.
 func TestSubscriberRearmsOnRejoin(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	startNode(t, s, "owner", true)
 	sub, _ := startNode(t, s, "sub", false)

@@ -107,6 +107,7 @@ func set(t testing.TB, n *mesh.Node, addr subjects.Address, kv string) {
 }
 
 func TestSnapshotThenDeltas(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, _ := startNode(t, s, "owner", true)
 	sub, _ := startNode(t, s, "sub", false)
@@ -215,6 +216,7 @@ func replay(t testing.TB, nc *nats.Conn, frames []*nats.Msg) {
 // wire (replayed at the transport, interleaved with live ones) are never
 // applied out of order.
 func TestReorderedAndDuplicatedFrames(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, _ := startNode(t, s, "owner", true)
 	sub, _ := startNode(t, s, "sub", false)
@@ -277,6 +279,7 @@ func kvOwnerOf(addr subjects.Address, nodes ...*mesh.Node) *mesh.Node {
 // (greater) epoch with no action from the application, its snapshot holding
 // the stored map; late frames of the old epoch are dropped.
 func TestOwnerKilledResubscribes(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	a, aConn := startNode(t, s, "a", true)
 	b, _ := startNode(t, s, "b", true)
@@ -340,6 +343,7 @@ func TestOwnerKilledResubscribes(t *testing.T) {
 // TestFailedTearsDownOnce: a subscribe attempt answered Failed tears the
 // subscription down exactly once, with the error.
 func TestFailedTearsDownOnce(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, _ := startNode(t, s, "owner", false)
 	var refuse atomic.Bool
@@ -388,6 +392,7 @@ func TestFailedTearsDownOnce(t *testing.T) {
 // same name with a new generation: the subscriber converges on the new
 // epoch, and late frames of the old epoch are dropped.
 func TestOwnerRestartedNewGeneration(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	a, aConn := startNode(t, s, "a", true)
 	sub, _ := startNode(t, s, "sub", false)

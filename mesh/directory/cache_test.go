@@ -33,6 +33,7 @@ func cached(d *Directory, node subjects.NodeID) (all, of int) {
 // again). Checked after every resolve, across the lifecycles of five owner
 // generations (joined, claiming, resolved by the sender, departed).
 func TestCacheBounded(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -19,6 +19,7 @@ import (
 // keeps serving; a claim naming another generation makes it stand down
 // (the safe side), reported too when that generation is not live.
 func TestClaimOverwrittenByForeignWriter(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -11,6 +11,7 @@ import (
 // of candidates; load spreads; a departure moves only the departed node's
 // addresses.
 func TestPlaceRendezvous(t *testing.T) {
+	t.Parallel()
 	nodes := []subjects.NodeID{{Name: "a", Generation: 1}, {Name: "b", Generation: 1}, {Name: "c", Generation: 1}, {Name: "d", Generation: 1}}
 	reversed := []subjects.NodeID{nodes[3], nodes[2], nodes[1], nodes[0]}
 	const n = 4000

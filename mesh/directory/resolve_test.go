@@ -58,6 +58,7 @@ func resolveWave(t *testing.T, ctx context.Context, d *Directory, addr subjects.
 // departed generation (placed again, nothing cached) — and every caller
 // gets the same answer.
 func TestResolveCoalesced(t *testing.T) {
+	t.Parallel()
 	ctx, nc, a, d := openOne(t, Config{})
 	self := a.Self().Node
 	const n = 200
@@ -114,6 +115,7 @@ func TestResolveCoalesced(t *testing.T) {
 // was sent) — and the read goes on for the callers still waiting, who get
 // its answer.
 func TestResolveSharedReadOwnDeadline(t *testing.T) {
+	t.Parallel()
 	ctx, _, a, d := openOne(t, Config{})
 	gate := make(chan struct{})
 	d.readGate = gate
@@ -156,6 +158,7 @@ func TestResolveSharedReadOwnDeadline(t *testing.T) {
 // alive and no owner is cached for the address (a redirect may be
 // fresher); once cached, Resolve reads nothing.
 func TestLearn(t *testing.T) {
+	t.Parallel()
 	ctx, nc, a, d := openOne(t, Config{})
 	self := a.Self().Node
 	ghost := subjects.NodeID{Name: "ghost", Generation: 9}

@@ -18,6 +18,7 @@ import (
 // re-created. Before 3a5d930 (a cursor on revisions over the claims held
 // now) the sweep reached it once per pass.
 func TestUpkeepSweepReachesReclaimedAddress(t *testing.T) {
+	t.Parallel()
 	const others, batch = 5, 2 // a round: 3 sweeps
 	ctx, _, a, d := openOne(t, Config{VerifyInterval: time.Hour, VerifyBatch: batch, noWatch: true})
 	self := a.Self().Node

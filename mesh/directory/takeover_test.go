@@ -24,6 +24,7 @@ import (
 // kv/settings: context deadline exceeded", 10.1 s after an owner's
 // SIGKILL). A claim with time for both waits, then succeeds.
 func TestClaimFencingWaitNotChargedToKV(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -23,6 +23,7 @@ import (
 // names the old activation's token, so the new activation's claim stays:
 // in the bucket and among this node's claims.
 func TestReleaseOfAnOlderActivation(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -74,6 +75,7 @@ func TestReleaseOfAnOlderActivation(t *testing.T) {
 // view has caught up past that read. A claim of a generation that joins
 // meanwhile redirects to it.
 func TestUnseenGenerationNotTakenOver(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

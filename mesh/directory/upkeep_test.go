@@ -67,6 +67,7 @@ func claimMany(t testing.TB, ctx context.Context, d *Directory, n int, self subj
 // behind the owner's back is re-created — both seen through the watch of
 // changes, at whatever position among 2 000 claims, with no full pass.
 func TestUpkeepWatchesChanges(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -123,6 +124,7 @@ func TestUpkeepWatchesChanges(t *testing.T) {
 // (soft state lost, as when every server of a memory-stored bucket
 // restarts) makes the next pass a full one, which re-creates every claim.
 func TestUpkeepStreamLost(t *testing.T) {
+	t.Parallel()
 	ctx, nc, a, d := openOne(t, Config{VerifyInterval: 50 * time.Millisecond})
 	addrs := claimMany(t, ctx, d, 500, a.Self().Node)
 	natstest.Eventually(t, 5*time.Second, func() bool { d.mu.Lock(); defer d.mu.Unlock(); return !d.streamCreated.IsZero() }, "the stream looked at")
@@ -152,6 +154,7 @@ func TestUpkeepStreamLost(t *testing.T) {
 // node holds), and the rotation reaches every claim: one deleted with no
 // watch to see it is re-created within ceil(claims/VerifyBatch) intervals.
 func TestUpkeepSweepBounded(t *testing.T) {
+	t.Parallel()
 	const claims, batch = 1200, 100
 	ctx, _, a, d := openOne(t, Config{VerifyInterval: 20 * time.Millisecond, VerifyBatch: batch, noWatch: true})
 	addrs := claimMany(t, ctx, d, claims, a.Self().Node)
@@ -178,6 +181,7 @@ func TestUpkeepSweepBounded(t *testing.T) {
 // expire after MarkerTTL — and on a bucket made without marker TTLs (an
 // older deployment) releases still work, as plain deletes.
 func TestReleasedMarkersExpire(t *testing.T) {
+	t.Parallel()
 	for _, ttl := range []bool{true, false} {
 		t.Run(fmt.Sprintf("ttl=%v", ttl), func(t *testing.T) {
 			s := natstest.RunServer(t)

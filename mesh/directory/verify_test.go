@@ -32,6 +32,7 @@ import (
 // no stand-down). The per-key path (a server without batched reads) is held
 // to the same outcomes.
 func TestVerifyBatches(t *testing.T) {
+	t.Parallel()
 	const (
 		deleted   = "deleted"
 		vanished  = "gone without a trace" // as when the bucket was lost: no delete marker either
@@ -253,6 +254,7 @@ func lostOf(mu *sync.Mutex, lost *[]subjects.Address) []subjects.Address {
 // never written, deleted, purged; and an answer larger than the server's
 // max_bytes held back (Nats-Num-Pending) is asked for again.
 func TestLastOf(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -343,6 +345,7 @@ func TestLastOf(t *testing.T) {
 // judges by what it holds: still this node's claim — kept, no stand-down;
 // another live generation's — stand down.
 func TestVerifyStaleRead(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
