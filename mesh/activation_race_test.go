@@ -86,6 +86,7 @@ func (l *turnLog) factory(node string, seed uint64) hub.Factory {
 // delivery is accepted and handled exactly once. Seeded; each seed is a
 // subtest.
 func TestIdleCollectionRacesDeliveries(t *testing.T) {
+	t.Parallel()
 	seeds := []uint64{1, 2, 3}
 	if !natstest.Long() {
 		seeds = seeds[:1]

@@ -22,6 +22,7 @@ import (
 // forgery naming the same generation is still dropped; answers naming a
 // generation whose key never comes are bounded and then counted forged.
 func TestLateVerdictBeforeKey(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	var mu sync.Mutex
 	late := map[string]error{}

@@ -131,6 +131,7 @@ func TestDeliverAsyncGoroutines(t *testing.T) {
 // sent — not when the lane moves; and one cancelled while queued reports
 // the cancellation (Failed).
 func TestDeliverAsyncQueuedDeadline(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	spy := newHoldingSpy(t, s)
 	c, err := NewClient(Config{Conn: natstest.Connect(t, s), Resolver: StaticResolver{Node: spy.node}}, WithWindow(1))
@@ -176,6 +177,7 @@ func TestDeliverAsyncQueuedDeadline(t *testing.T) {
 // TestDeliverAsyncQueuedClose: Close with DeliverAsync deliveries queued
 // behind a stuck lane ends them all with verdict.ErrClosing and returns.
 func TestDeliverAsyncQueuedClose(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	spy := newHoldingSpy(t, s)
 	c, err := NewClient(Config{Conn: natstest.Connect(t, s), Resolver: StaticResolver{Node: spy.node}}, WithWindow(1))

@@ -18,6 +18,7 @@ import (
 // TestSlowBuildParks: a hub whose build takes 3× the leg timeout: no
 // delivery gets Failed, all are handled in order once it is ready.
 func TestSlowBuildParks(t *testing.T) {
+	t.Parallel()
 	const legTimeout = 100 * time.Millisecond
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a", WithLegTimeout(legTimeout))
@@ -61,6 +62,7 @@ func TestSlowBuildParks(t *testing.T) {
 // delivery gets exactly one late Unavailable (or, if the failure beat the
 // reply, one synchronous Unavailable) — never both, never two.
 func TestFailedBuildLateUnavailable(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	var mu sync.Mutex
 	late := map[string]int{}
@@ -112,6 +114,7 @@ func TestFailedBuildLateUnavailable(t *testing.T) {
 // TestIdleDeactivation: an idle activation is collected after the idle
 // timeout and no goroutine stays behind; a build pins it meanwhile.
 func TestIdleDeactivation(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	n, err := NewNode(NodeConfig{Conn: nc, Name: "a", Host: hub.Config{IdleTimeout: 50 * time.Millisecond}})
@@ -167,6 +170,7 @@ func (h *deactivatingHub) Deactivate(context.Context)                  { h.count
 // what it accepted; a delivery still queued when drain's ctx ends gets one
 // late ShuttingDown.
 func TestDrainSettles(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	var mu sync.Mutex
 	var lates []LateVerdict

@@ -23,6 +23,7 @@ import (
 // not a fixed prefix plus a counter: consecutive IDs share no prefix beyond
 // chance and never repeat.
 func TestGeneratedIDsUnpredictable(t *testing.T) {
+	t.Parallel()
 	var src idSource
 	seen := map[string]bool{}
 	prev := src.next()
@@ -82,6 +83,7 @@ func ingressRequest(t *testing.T, nc *nats.Conn, to subjects.Address, id string,
 // in the single-account mode (caller = inbox prefix) and with tenants in
 // their own accounts (caller = the server-stamped Nats-Request-Info).
 func TestDedupePerCaller(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"inbox", "accounts"} {
 		t.Run(mode, func(t *testing.T) {
 			var url string
@@ -181,6 +183,7 @@ accounts {
 
 // TestInboxCaller: the single-account identity of each reply shape.
 func TestInboxCaller(t *testing.T) {
+	t.Parallel()
 	for reply, want := range map[string]string{
 		"":                                "anon",
 		"_INBOX.conn123.7":                "inbox:_INBOX",
@@ -206,6 +209,7 @@ func TestInboxCaller(t *testing.T) {
 // e.g. behind a bare-LF header line) is refused bad-request in both modes:
 // the node never picks one of two identities.
 func TestRequestInfoTwiceRefused(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []CallerIdentity{CallerFromInbox, CallerFromRequestInfo} {
 		s := natstest.RunServer(t)
 		n, err := NewNode(NodeConfig{Conn: natstest.Connect(t, s), Name: "a", CallerIdentity: mode})
@@ -238,6 +242,7 @@ func TestRequestInfoTwiceRefused(t *testing.T) {
 // the header on its own request (its reply is its own inbox) is known by
 // its inbox prefix, not by the account it claims.
 func TestRequestInfoBelievedOnServiceReplies(t *testing.T) {
+	t.Parallel()
 	n := &Node{cfg: NodeConfig{CallerIdentity: CallerFromRequestInfo}}
 	for _, tc := range []struct{ reply, want string }{
 		{"_R_.abc.def", "acc:ALICE:alice"},

@@ -107,6 +107,7 @@ func idsOf(nodes ...*Node) []subjects.NodeID {
 // address. No node is expired meanwhile (steadyMembership), so every
 // address must have exactly one activation at the end.
 func TestOneActivationPerAddress(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNodeWith(t, s, "a", rec, steadyMembership)
@@ -152,6 +153,7 @@ func TestOneActivationPerAddress(t *testing.T) {
 // exactly one activation each. No node is expired meanwhile
 // (steadyMembership: the race itself loads the machine).
 func TestClaimRace(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNodeWith(t, s, "a", rec, steadyMembership)
@@ -199,6 +201,7 @@ func TestClaimRace(t *testing.T) {
 // notices — not at their timeout — and are not re-sent; deliveries after it
 // succeed elsewhere.
 func TestPromptFailureOnDeparture(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	recA, recB := newRecorder(), newRecorder()
 	a, _ := clusterNode(t, s, "a", recA)
@@ -257,6 +260,7 @@ func TestPromptFailureOnDeparture(t *testing.T) {
 // TestFencingRejoin: a node whose registration is removed behind its back
 // (declared gone) stops serving that generation and rejoins with a new one.
 func TestFencingRejoin(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNode(t, s, "a", rec)
@@ -292,6 +296,7 @@ func TestFencingRejoin(t *testing.T) {
 // re-claimed; one overwritten by another node makes the owner stand down
 // within the verification period.
 func TestClaimReverification(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNode(t, s, "a", rec)
@@ -322,6 +327,7 @@ func TestClaimReverification(t *testing.T) {
 // TestDrainHandsOver: a drained node marks itself draining, settles, releases
 // its claims and leaves; its addresses move to the survivors.
 func TestDrainHandsOver(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNode(t, s, "a", rec)

@@ -14,6 +14,7 @@ import (
 // `nats micro ls` does it) with JSON control endpoints, and a drain request
 // reaches OnDrainRequest.
 func TestControlService(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	drained := make(chan struct{})

@@ -42,6 +42,7 @@ func (s *spawner) Handle(ctx context.Context, d *hub.Delivery) error {
 // chain naming its address for ever: a later A → B → A through it is no
 // cycle (A's turn returned long ago), yet must not be refused.
 func TestStaleTurnCtxNoFalseCycle(t *testing.T) {
+	t.Parallel()
 	n := hopNode(t)
 	sp := &spawner{c: n.Client, errs: make(chan error, 1)}
 	if err := n.Register("spawn", func(context.Context, subjects.Address) (hub.Hub, error) { return sp, nil }); err != nil {
@@ -80,6 +81,7 @@ func (w *waiter) Handle(ctx context.Context, d *hub.Delivery) error {
 }
 
 func TestCycleFromSpawnedGoroutineDetected(t *testing.T) {
+	t.Parallel()
 	n := hopNode(t)
 	if err := n.Register("wait", func(context.Context, subjects.Address) (hub.Hub, error) { return &waiter{c: n.Client}, nil }); err != nil {
 		t.Fatal(err)
@@ -99,6 +101,7 @@ func TestCycleFromSpawnedGoroutineDetected(t *testing.T) {
 // Many unrelated chains through shared addresses at once (X_i → S → T_i):
 // none is refused as a cycle.
 func TestUnrelatedChainsNoFalseCycle(t *testing.T) {
+	t.Parallel()
 	n := hopNode(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 400)
@@ -126,6 +129,7 @@ func TestUnrelatedChainsNoFalseCycle(t *testing.T) {
 // Read-only turns under many senders: 8 streams of exclusive writes (each
 // sent in order by one goroutine, half Deliver, half Request), 32 readers.
 func TestReadOnlyManySenders(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	r := &register{readWork: 2 * time.Millisecond, setWork: 500 * time.Microsecond}
 	n := registerNode(t, s, r)
@@ -206,6 +210,7 @@ func (h *roHop) Handle(ctx context.Context, d *hub.Delivery) error {
 }
 
 func TestReadOnlyCycleFailsFast(t *testing.T) {
+	t.Parallel()
 	n := hopNode(t)
 	if err := n.Register("ro", func(context.Context, subjects.Address) (hub.Hub, error) { return &roHop{c: n.Client}, nil }); err != nil {
 		t.Fatal(err)

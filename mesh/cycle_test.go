@@ -54,6 +54,7 @@ func hopNode(t *testing.T) *Node {
 // (not after the request timeout), and the verdict reaches the outer
 // caller through both handlers.
 func TestCallCycleFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	n := hopNode(t)
 	for _, tc := range []struct {
 		name string
@@ -92,6 +93,7 @@ func TestCallCycleFailsAtOnce(t *testing.T) {
 // A kind that opts into reentrancy runs a request of its own chain at
 // once, beside the turn that waits on it.
 func TestCallCycleReentrantKindRuns(t *testing.T) {
+	t.Parallel()
 	n := hopNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

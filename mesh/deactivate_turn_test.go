@@ -70,6 +70,7 @@ func (o *overlapHub) factory(node string) hub.Factory {
 // first activation's handler is still running: two activations of one
 // address serving at once (DESIGN §5), one node, no fault at all.
 func TestDeactivateWaitsForTheRunningTurn(t *testing.T) {
+	t.Parallel()
 	for _, withClaims := range []bool{false, true} {
 		t.Run(fmt.Sprintf("claims=%v", withClaims), func(t *testing.T) {
 			s := natstest.RunServer(t)

@@ -20,6 +20,7 @@ import (
 // and each is handled exactly once — not answered Accepted from the window
 // and never handled (a loss reported as success).
 func TestDeactivatedQueueResent(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	var lateMu sync.Mutex
 	late := map[string]error{}
@@ -93,6 +94,7 @@ func TestDeactivatedQueueResent(t *testing.T) {
 // store dropped it, the duplicate gets verdict.ErrResponseGone — never
 // Accepted followed by silence.
 func TestDuplicateRequestGetsResponse(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
@@ -148,6 +150,7 @@ func TestDuplicateRequestGetsResponse(t *testing.T) {
 // returns — so the server may stop right after it (as an embedded one
 // does).
 func TestDrainDeadlineFlushesLateVerdicts(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	release := make(chan struct{})
@@ -207,6 +210,7 @@ func TestDrainDeadlineFlushesLateVerdicts(t *testing.T) {
 // is failed — reaches both senders. The duplicate lands at every position:
 // queued behind a running turn, and while its own turn runs.
 func TestDuplicateRequestWhileQueued(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	release := make(chan struct{})
@@ -314,6 +318,7 @@ func TestDuplicateRequestWhileQueued(t *testing.T) {
 // nemesis, seed 2104 with idle collection: a re-send 1 ms after a drain
 // began).
 func TestDrainedHostAnswersDuplicates(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	rec.fn = func(ctx context.Context, d *hub.Delivery) error { return d.Respond([]byte("re:" + d.ID)) }

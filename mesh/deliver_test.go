@@ -15,6 +15,7 @@ import (
 )
 
 func TestDeliverAccepted(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	ctx := context.Background()
@@ -33,6 +34,7 @@ func TestDeliverAccepted(t *testing.T) {
 }
 
 func TestRequestResponse(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
@@ -62,6 +64,7 @@ func TestRequestResponse(t *testing.T) {
 // TestRequestAcceptedNoResponse: an accepted request whose response never
 // comes fails at ctx's deadline as a timeout and is not re-sent.
 func TestRequestAcceptedNoResponse(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	release := make(chan struct{})
@@ -131,6 +134,7 @@ func TestRequestTimeoutWithoutDeadline(t *testing.T) {
 }
 
 func TestInvalidInputFailsBeforeSending(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t, natstest.WithMaxPayload(1024))
 	n, rec := testNode(t, s, "a")
 	ctx := context.Background()
@@ -164,6 +168,7 @@ func TestInvalidInputFailsBeforeSending(t *testing.T) {
 
 // TestDedupe: the same delivery ID sent twice: one execution, two Accepted.
 func TestDedupe(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	ctx := context.Background()
@@ -189,6 +194,7 @@ func TestDedupe(t *testing.T) {
 }
 
 func TestInboxFullIgnored(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	n, err := NewNode(NodeConfig{Conn: nc, Name: "a", Host: hub.Config{InboxSize: 2}})
@@ -229,6 +235,7 @@ func TestInboxFullIgnored(t *testing.T) {
 }
 
 func TestClosedClient(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, _ := testNode(t, s, "a")
 	n.Client.Close()
@@ -244,6 +251,7 @@ func TestClosedClient(t *testing.T) {
 // server's max_payload) still gives the requester one answer: Failed
 // handler-error, not a timeout.
 func TestResponseTooLarge(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t, natstest.WithMaxPayload(4096))
 	n, rec := testNode(t, s, "a")
 	rec.fn = func(ctx context.Context, d *hub.Delivery) error { return d.Respond(make([]byte, 8192)) }
@@ -261,6 +269,7 @@ func TestResponseTooLarge(t *testing.T) {
 // (the handler ran: "nothing held" would be untrue) and a timeout are
 // handler-error.
 func TestHandlerVerdicts(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	bad := verdict.New(verdict.ReasonBadRequest, "kv takes set, delete or get, not %q", "bogus")
@@ -300,6 +309,7 @@ func TestHandlerVerdicts(t *testing.T) {
 // TestDrainBoundedByStuckHandler: a handler that ignores its ctx does not
 // hold Drain past its deadline (plus a short grace).
 func TestDrainBoundedByStuckHandler(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	block := make(chan struct{})

@@ -26,6 +26,7 @@ import (
 // registry still names a"). The forward in flight is still answered, and
 // after Drain nothing of the node is registered or alive.
 func TestDrainDeclaredGoneDoesNotRejoin(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	longTTL := MembershipConfig{Heartbeat: 100 * time.Millisecond, TTL: 30 * time.Second, VerifyInterval: 100 * time.Millisecond}
 	rec := newRecorder()

@@ -36,6 +36,7 @@ func isUnsentVerdict(err error) bool {
 // ctx was cancelled before the call sends nothing either (Failed: the
 // caller chose).
 func TestExpiredDeadlineSendsNothing(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	in := acceptIntake(t, s, "acc", func(id string) []byte { return []byte(id) })
 	c := newClient(t, natstest.Connect(t, s), genResolver("acc"))
@@ -83,6 +84,7 @@ func TestExpiredDeadlineSendsNothing(t *testing.T) {
 // sent: its verdict is resendable (directory-unavailable, or
 // deadline-unsent once the caller's deadline passed), never a timeout.
 func TestDirectoryOutageResendable(t *testing.T) {
+	t.Parallel()
 	longOnly(t)
 	s := natstest.RunServer(t)
 	rec := newRecorder()
@@ -123,6 +125,7 @@ func TestDirectoryOutageResendable(t *testing.T) {
 // races (run under -race: a call joining as Close waits for the calls in
 // progress must not be a WaitGroup misuse).
 func TestCloseRacesNewDeliveries(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	nc := natstest.Connect(t, s)
@@ -307,6 +310,7 @@ func (p *holdProxy) releaseHeld() {
 // Afterwards the held leg is released (delivered late, old epoch): it is
 // deduped or refused, never handled a second time or out of order.
 func TestWindowPositionEvents(t *testing.T) {
+	t.Parallel()
 	const window = 5
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
@@ -483,6 +487,7 @@ func TestWindowPositionEvents(t *testing.T) {
 // resendable verdict ⇒ never handled; cancelled ⇒ handled at most once;
 // nothing else, and nothing handled twice.
 func TestSlotWaitersRaceEvents(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	p := newHoldProxy(t, s, n)
@@ -611,6 +616,7 @@ func verdictName(err error) string {
 // runs once. A non-idempotent one gets outcome unknown; the response that
 // comes after it is counted, never handed to another call.
 func TestIdempotentRequestResentAfterLinkDrop(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	gates := sync.Map{} // delivery ID → chan struct{}
@@ -692,6 +698,7 @@ func TestIdempotentRequestResentAfterLinkDrop(t *testing.T) {
 // an empty value: the ingress refuses it rather than generating an ID that
 // the client's re-send under the same ID would not get).
 func TestIDEdgesEverywhere(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	raw := natstest.Connect(t, s)
@@ -1050,6 +1057,7 @@ func TestRequestLinkChaos(t *testing.T) {
 // reply was lost, is re-sent to a: the documented window of a crash,
 // DESIGN §6; counted, not failed.)
 func TestPipelineOwnerCrash(t *testing.T) {
+	t.Parallel()
 	longOnly(t)
 	for rep := range reps(t, 3) {
 		s := natstest.RunServer(t)
@@ -1123,6 +1131,7 @@ func TestPipelineOwnerCrash(t *testing.T) {
 // run), or ShuttingDown/departed for one marked Mesh-Idempotent — at once,
 // not at its timeout. A plain delivery sent afterwards is accepted by a.
 func TestIngressOwnerCrash(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	recA, recB := newRecorder(), newRecorder()
 	a, _ := clusterNode(t, s, "a", recA)

@@ -17,6 +17,7 @@ import (
 // a late notice of an older generation does not make the newer one's
 // departure forgotten, and a newer generation is not taken for gone.
 func TestGoneMarksBounded(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: ghost})
 	marks := func() int {

@@ -88,6 +88,7 @@ func victimAccepted(t *testing.T, nc *nats.Conn, k int) {
 // deliveries held every ingress slot for the placement wait and the
 // victim was answered Ignored.
 func TestIngressFloodToUnhostedKind(t *testing.T) {
+	t.Parallel()
 	n, victim, attacker := fairNode(t)
 	const flood = 256
 	for i := range flood {
@@ -112,6 +113,7 @@ func TestIngressFloodToUnhostedKind(t *testing.T) {
 // Accepted, and the flooder's surplus is answered Ignored (counted).
 // Before, the flooder held all 64 slots and the victim was Ignored.
 func TestIngressFloodOfRequests(t *testing.T) {
+	t.Parallel()
 	n, victim, attacker := fairNode(t)
 	const flood = 200
 	for i := range flood {
@@ -136,6 +138,7 @@ func TestIngressFloodOfRequests(t *testing.T) {
 // more only while under half the pool is held; the pool's map forgets
 // callers that hold nothing.
 func TestFairPool(t *testing.T) {
+	t.Parallel()
 	p := newFairPool(8, 2)
 	for i := range 4 {
 		if !p.acquire("a") {
@@ -173,6 +176,7 @@ func TestFairPool(t *testing.T) {
 // rate is answered Ignored (storm-breaker) and counted, and another
 // caller's deliveries are still Accepted. The status lists both callers.
 func TestIngressCallerRate(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	n, err := NewNode(NodeConfig{Conn: nc, Name: "rated", IngressCallerRate: 1, IngressCallerBurst: 5, Logger: slog.New(slog.DiscardHandler)})
@@ -226,6 +230,7 @@ func TestIngressCallerRate(t *testing.T) {
 // TestCallerRatesBounded: made-up callers beyond the tracked bound share
 // one bucket; idle callers are forgotten to make room.
 func TestCallerRatesBounded(t *testing.T) {
+	t.Parallel()
 	r := newCallerRates(1, 1)
 	now := time.Unix(0, 0)
 	for i := range maxRateCallers {
@@ -248,6 +253,7 @@ func TestCallerRatesBounded(t *testing.T) {
 // TestCallerCountsBounded: the counts name at most maxCountedCallers
 // callers and list at most MaxListedCallers, the rest as OtherCallers.
 func TestCallerCountsBounded(t *testing.T) {
+	t.Parallel()
 	var c callerCounts
 	for i := range maxCountedCallers + 10 {
 		c.add(fmt.Sprint(i), func(e *IngressCaller) { e.Taken++ })

@@ -28,6 +28,7 @@ import (
 // in flight and the paused one resumes during it), many times each; a
 // forward is seen by its ingress span.
 func TestIngressQuiescentWhenStopped(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	cnc := natstest.Connect(t, s)
 	const reps = 8

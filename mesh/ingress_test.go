@@ -20,6 +20,7 @@ import (
 // the verdict from the reply headers; a client awaiting each answer keeps
 // its order.
 func TestIngressPlainClient(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	rec.fn = func(_ context.Context, d *hub.Delivery) error {

@@ -23,6 +23,7 @@ import (
 // 0 inversions in any stream, 0 duplicate executions, exactly one verdict
 // per delivery.
 func TestOrderWithRefusals(t *testing.T) {
+	t.Parallel()
 	const streams, perStream = 64, 200
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
@@ -107,6 +108,7 @@ func TestOrderWithRefusals(t *testing.T) {
 // the next delivery on it (refused too: its leg left in the same window)
 // waits behind it — while other lanes finish meanwhile.
 func TestRetryHoldsLane(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	clock := &fakeClock{gate: make(chan struct{})}
@@ -169,6 +171,7 @@ func TestRetryHoldsLane(t *testing.T) {
 // TestTurnsOneAtATime: a hub never runs two deliveries at once, and runs
 // them in acceptance order, even from many concurrent senders.
 func TestTurnsOneAtATime(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	var running, maxRunning int
@@ -216,6 +219,7 @@ func TestTurnsOneAtATime(t *testing.T) {
 // pipelined from the first leg on, TestOrderWithRefusals.) Over several
 // rounds.
 func TestSoloLegWithoutLaneHeader(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	spy := subjects.NodeID{Name: "spy", Generation: 1}
 	type leg struct{ lane string }

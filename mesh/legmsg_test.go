@@ -13,6 +13,9 @@ import (
 
 // TestLegMsgReuse: a pooled leg message carries exactly the headers set for
 // its current leg, whatever earlier legs set (and trace context added).
+//
+// Not parallel: it puts its message into the package's pool and goes on
+// using it, which only a test alone may do.
 func TestLegMsgReuse(t *testing.T) {
 	lm := &legMsg{msg: nats.Msg{Header: nats.Header{}}}
 	use := func(foreign bool, set map[int]string) {
@@ -54,6 +57,7 @@ func TestLegMsgReuse(t *testing.T) {
 // TestDeliveryIDsUnique: delivery IDs generated concurrently (pooled NUID
 // generators, one per P in effect) are unique and valid delivery IDs.
 func TestDeliveryIDsUnique(t *testing.T) {
+	t.Parallel()
 	const workers, each = 16, 5000
 	var src idSource
 	ids := make([][]string, workers)

@@ -23,6 +23,7 @@ import (
 // checked against the three predicates and the reason, in both
 // directions: a cell that should be nil is nil, and only that.
 func TestFlightVerdictTable(t *testing.T) {
+	t.Parallel()
 	owner := subjects.NodeID{Name: "o", Generation: 7}
 	moved := fmt.Errorf("owner's connection moved with the leg in flight: %w", nats.ErrDisconnected) // as the node passes it
 	events := []struct {
@@ -144,6 +145,7 @@ func (p phase) String() string {
 // Both for the leg's own timer and for the caller's deadline; repeated,
 // since the wait picks among ready channels at random.
 func TestTimeoutIsAFact(t *testing.T) {
+	t.Parallel()
 	owner := subjects.NodeID{Name: "o", Generation: 7}
 	for _, tc := range []struct {
 		name           string
@@ -210,6 +212,7 @@ func TestTimeoutIsAFact(t *testing.T) {
 // delivery, whose departure would be resendable); a departure recorded
 // first is the departure's verdict.
 func TestResponseTimeoutIsAFact(t *testing.T) {
+	t.Parallel()
 	owner := subjects.NodeID{Name: "o", Generation: 7}
 	for _, eventFirst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("departure first %v", eventFirst), func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 // for the placement wait only (virtual time), not the whole ladder, and
 // fails Unavailable/no-placement, resendable: nothing was sent.
 func TestNoPlacementWait(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	for _, tc := range []struct {
@@ -58,6 +59,7 @@ func TestNoPlacementWait(t *testing.T) {
 // TestNoPlacementThenJoin: a node hosting the kind that appears within the
 // placement wait gets the delivery.
 func TestNoPlacementThenJoin(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	n, _ := testNode(t, s, "a")

@@ -24,6 +24,7 @@ import (
 // the event is dropped, while a snapshot of the flight's current life
 // applies. A released flight keeps its wake channel unless it was closed.
 func TestFlightRefStaleAfterReuse(t *testing.T) {
+	t.Parallel()
 	for _, ev := range []event{evDeparted, evLinkDrop, evClosing, evMoved} {
 		c := &Client{fl: newFlights()}
 		x := subjects.NodeID{Name: "x", Generation: 1}
@@ -80,6 +81,7 @@ func TestFlightRefStaleAfterReuse(t *testing.T) {
 // delivery gets one verdict; an accepted one ran exactly once, none ran
 // twice, and each stream's deliveries ran in call order. No lane is left.
 func TestPooledFlightsAndLanesChurn(t *testing.T) {
+	t.Parallel()
 	longOnly(t)
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "churn")
@@ -210,6 +212,7 @@ func (s stringer) String() string { return s() }
 // once, under -race: every leg gets its own verdict or a timeout, never
 // another leg's.
 func TestLateRepliesNeverReachReusedSlots(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	node := subjects.NodeID{Name: "late", Generation: 1}
 	nc := natstest.Connect(t, s)

@@ -75,6 +75,7 @@ func registerNode(tb testing.TB, s *server.Server, r *register) *Node {
 // Read-only turns of one activation run side by side, never beside an
 // exclusive turn; each stream's exclusive deliveries keep their order.
 func TestReadOnlyTurnsRunSideBySide(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	r := &register{readWork: 5 * time.Millisecond, setWork: time.Millisecond}
 	n := registerNode(t, s, r)

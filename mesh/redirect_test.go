@@ -20,6 +20,7 @@ import (
 // three nodes, each moved from its placement to the next node, sent from
 // every node (the new owner's own sender included).
 func TestRedirectToOwner(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNodeWith(t, s, "a", rec, steadyMembership)

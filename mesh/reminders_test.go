@@ -78,6 +78,7 @@ func tickNode(t *testing.T, s *server.Server, name string, k *ticks, mc Membersh
 // idle-collected between fires: each fire activates it again, carries the
 // reminder's name and due time, and is handled once.
 func TestReminderSurvivesIdleCollection(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	k := &ticks{}
 	a := tickNode(t, s, "a", k, steadyMembership, 150*time.Millisecond)
@@ -113,6 +114,7 @@ func TestReminderSurvivesIdleCollection(t *testing.T) {
 // A hub sets a reminder on its own address during its turn; the fire comes
 // back to it.
 func TestReminderSetFromATurn(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	k := &ticks{}
 	k.onTurn = func(n *Node, d *hub.Delivery) {
@@ -137,6 +139,7 @@ func TestReminderSetFromATurn(t *testing.T) {
 // (the runner sees a resendable failure) is redelivered under the same ID,
 // and the intake's dedupe answers it: the handler runs once.
 func TestReminderLostAnswerHandledOnce(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	k := &ticks{}
 	mc := steadyMembership
@@ -184,6 +187,7 @@ func TestReminderLostAnswerHandledOnce(t *testing.T) {
 
 // Through the control endpoint (meshctl reminders): set, list, cancel.
 func TestReminderControlEndpoint(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n := tickNode(t, s, "a", &ticks{}, steadyMembership, 0)
 	nc := natstest.Connect(t, s)
@@ -217,6 +221,7 @@ func TestReminderControlEndpoint(t *testing.T) {
 // ID; the owner's dedupe answers it with the kept response, so the turn
 // ran once and the fire is acknowledged.
 func TestReminderRunnerDiesWithFireInHand(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	k := &ticks{}
 	entered, release := make(chan struct{}, 1), make(chan struct{})
@@ -279,6 +284,7 @@ func TestReminderRunnerDiesWithFireInHand(t *testing.T) {
 // An interval reminder follows its address when the owner drains: the
 // next fires activate it on the other node.
 func TestReminderFollowsAMove(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	k := &ticks{}
 	a := tickNode(t, s, "a", k, steadyMembership, 0)

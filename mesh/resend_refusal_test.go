@@ -22,6 +22,7 @@ import (
 // the nemesis (a lame-duck move and a stand-down at once): the caller was
 // told "safe to send again" of a delivery that then ran.
 func TestLateRefusalDuringResendIsNotTheVerdict(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	node := subjects.NodeID{Name: "spy", Generation: 1}
 	legs := make(chan *nats.Msg, 16)

@@ -21,6 +21,7 @@ import (
 // moves to a node that is not the sender, so that the sender learns it
 // from an acceptance, not from its own claim.
 func TestMovedAddressReadOnce(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNodeWith(t, s, "a", rec, steadyMembership)

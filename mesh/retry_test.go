@@ -18,6 +18,7 @@ import (
 // re-resolving and invalidating before each retry, then classifies
 // ShuttingDown.
 func TestNoRespondersLadder(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	clock := &fakeClock{}
@@ -57,6 +58,7 @@ func TestNoRespondersLadder(t *testing.T) {
 // TestLadderRecoversOnReResolve: the resolver answers the live generation
 // on the third attempt, which succeeds there.
 func TestLadderRecoversOnReResolve(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	clock := &fakeClock{}
@@ -83,6 +85,7 @@ func TestLadderRecoversOnReResolve(t *testing.T) {
 // TestClosingStopsLadder: a client closing during back-off stops retrying
 // and reports ShuttingDown at once.
 func TestClosingStopsLadder(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	clock := &fakeClock{gate: make(chan struct{})}

@@ -94,6 +94,7 @@ func (s *syncBuffer) lines(msg string) []map[string]any {
 // flight cross the threshold, latched until they fall back; every field
 // carries the state at the crossing (breadth and the deepest lane).
 func TestSaturationEpisodes(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	slow := subjects.NodeID{Name: "slow", Generation: 1}
 	intake := holdIntake(t, s, slow)
@@ -170,6 +171,7 @@ func TestSaturationEpisodes(t *testing.T) {
 // TestInFlightCap: legs in flight never exceed the cap; callers beyond it
 // wait, bounded by their ctx.
 func TestInFlightCap(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	slow := subjects.NodeID{Name: "slow", Generation: 1}
 	intake := holdIntake(t, s, slow)
@@ -213,6 +215,7 @@ func TestInFlightCap(t *testing.T) {
 // it did once on a loaded machine, and the same burst logged a second
 // episode (TestSaturationEpisodes in a cold run).
 func TestSaturationStaleObservation(t *testing.T) {
+	t.Parallel()
 	c, logs := latchClient(t)
 	c.inFlight.Store(4)
 	c.observeInFlight(4)
@@ -239,6 +242,7 @@ func TestSaturationStaleObservation(t *testing.T) {
 // a late report of a count already gone (high) must not open a second
 // episode once the burst's episode closed (a hostile review).
 func TestSaturationStaleOpen(t *testing.T) {
+	t.Parallel()
 	c, logs := latchClient(t)
 	c.inFlight.Store(4)
 	c.observeInFlight(4) // the episode opens

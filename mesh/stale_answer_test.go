@@ -72,6 +72,7 @@ func (f *fakeNode) lateVerdict(t *testing.T, answerTo, id string) {
 // generation whose acceptance it took answers the delivery (DESIGN §5). The
 // accepting generation's late verdict still reaches the caller.
 func TestAnswerFromAbandonedLeg(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	x := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "x", Generation: 1}, "key-x")
 	y := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "y", Generation: 1}, "key-y")
@@ -144,6 +145,7 @@ func TestAnswerFromAbandonedLeg(t *testing.T) {
 // all — and accepted there: x's genuine late verdict for that acceptance
 // reaches the caller. The abandonment is forgotten once x accepts the ID.
 func TestAbandonedThenAcceptedBySameGeneration(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	x := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "x", Generation: 1}, "key-x")
 	var mu sync.Mutex
@@ -194,6 +196,7 @@ func TestAbandonedThenAcceptedBySameGeneration(t *testing.T) {
 // (or refused), reported when that generation accepts the leg. Both
 // orders of the verdict and the acceptance, 10 rounds each.
 func TestAnswerBeforeAbandonment(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	x := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "x", Generation: 1}, "key-x")
 	y := startFakeNode(t, natstest.Connect(t, s), subjects.NodeID{Name: "y", Generation: 1}, "key-y")

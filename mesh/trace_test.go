@@ -171,6 +171,7 @@ func (tc *turnContexts) of(id string) trace.SpanContext {
 // sender's span, and its context is in the handler's ctx; the attributes
 // follow the messaging conventions. Across many deliveries on two streams.
 func TestTraceRequestAndDeliver(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	tr := newTraced(t)
 	n, tc := tracedNode(t, s, "tn", tr.tp)
@@ -234,6 +235,7 @@ func TestTraceRequestAndDeliver(t *testing.T) {
 // attempts: the intake of the accepted attempt is its child and says its
 // attempt number.
 func TestTraceRetries(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	tr := newTraced(t)
 	n, _ := tracedNode(t, s, "tr", tr.tp)
@@ -281,6 +283,7 @@ func TestTraceRetries(t *testing.T) {
 // client's answer says the verdict. A client without traceparent starts a
 // trace at the ingress.
 func TestTraceIngress(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	tr := newTraced(t)
 	tracedNode(t, s, "ti", tr.tp)
@@ -340,6 +343,7 @@ func TestTraceIngress(t *testing.T) {
 // hub's late answer carries the trace context, and the sender records a
 // "late verdict" span, a child of the intake span, with the verdict.
 func TestTraceLateVerdict(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	tr := newTraced(t)
 	late := make(chan LateVerdict, 8)

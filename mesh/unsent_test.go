@@ -22,6 +22,7 @@ import (
 // whichever channel woke the wait (DESIGN §3). Each row names the expected
 // verdict by its reason and is checked against the ladder.
 func TestUnsentVerdictTable(t *testing.T) {
+	t.Parallel()
 	departed := departedError(subjects.NodeID{Name: "o", Generation: 7}, "test")
 	linkDrop := fmt.Errorf("own NATS link dropped: %w", nats.ErrDisconnected)
 	events := map[string]error{"": nil, "departed": departed, "closing": verdict.ErrClosing, "link drop": linkDrop}
@@ -126,6 +127,7 @@ func (blockingResolver) Invalidate(subjects.Address, subjects.NodeID) {}
 // context.Canceled. Repeated: the verdict follows from the facts, not from
 // which wait noticed first.
 func TestResolverGivesUpWithTheContext(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	res := blockingResolver{calls: make(chan struct{}, 1)}
 	c := newClient(t, natstest.Connect(t, s), res)

@@ -70,6 +70,7 @@ func (r *routeResolver) resolved(addr subjects.Address) int {
 // departed verdict, be re-resolved and accepted by the survivor — never
 // Failed. The departure races the slot's release in half the repetitions.
 func TestSlotDepartureRace(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	surv, _ := testNode(t, s, "surv")
 	hang := subjects.NodeID{Name: "hang", Generation: 1}
@@ -187,6 +188,7 @@ func genResolver(name string) Resolver {
 // (verdict.ErrDeadlineUnsent), never a timeout — also when its owner's
 // departure races the deadline.
 func TestSlotDeadline(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	hang := subjects.NodeID{Name: "hang", Generation: 1}
 	held := holdIntake(t, s, hang)
@@ -226,6 +228,7 @@ func TestSlotDeadline(t *testing.T) {
 // its lane's head (the window is full: 1 here) was never sent: resendable
 // Unavailable, not a timeout.
 func TestLaneDeadline(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	hang := subjects.NodeID{Name: "hang", Generation: 1}
 	held := holdIntake(t, s, hang)
@@ -251,6 +254,7 @@ func TestLaneDeadline(t *testing.T) {
 // (ShuttingDown, resendable by another process), also when the waiting
 // delivery's owner departs at the same moment.
 func TestSlotClosing(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	hang := subjects.NodeID{Name: "hang", Generation: 1}
 	held := holdIntake(t, s, hang)
@@ -288,6 +292,7 @@ func TestSlotClosing(t *testing.T) {
 // is re-resolved at once when that owner departs; without a departure its
 // deadline passing in back-off is resendable Unavailable.
 func TestBackoffDeparture(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	surv, _ := testNode(t, s, "surv")
 	refuser := natstest.Connect(t, s)
@@ -347,6 +352,7 @@ func TestBackoffDeparture(t *testing.T) {
 // verdict, ShuttingDown). The departure races the caller's deadline in a
 // third of the repetitions: the verdict stays non-resendable.
 func TestAcceptedRequestDeparture(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	in := acceptIntake(t, s, "acc", nil)
 	c := newClient(t, natstest.Connect(t, s), genResolver("acc"))
@@ -418,6 +424,7 @@ func TestAcceptedRequestDeparture(t *testing.T) {
 // is counted (unmatched; forged or stale when its acceptance was never read),
 // never handed to another call.
 func TestResponseDepartureRace(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	in := acceptIntake(t, s, "acc", func(id string) []byte { return []byte("re:" + id) })
 	c := newClient(t, natstest.Connect(t, s), genResolver("acc"), WithRetry(RetryPolicy{MaxRetries: -1}))
@@ -460,6 +467,7 @@ func TestResponseDepartureRace(t *testing.T) {
 // (or, Idempotent, with the resendable disconnect), not at its deadline;
 // deliveries after the reconnect flow normally.
 func TestLinkDropFailsAwaitedRequests(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	release := make(chan struct{})
@@ -509,6 +517,7 @@ func TestLinkDropFailsAwaitedRequests(t *testing.T) {
 // TestCloseFailsAwaitedRequest: closing the client fails an accepted
 // Request at once with outcome unknown (Idempotent: ErrClosing).
 func TestCloseFailsAwaitedRequest(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	acceptIntake(t, s, "acc", nil)
 	nc := natstest.Connect(t, s)
@@ -587,6 +596,7 @@ func TestCountsFinalOutcome(t *testing.T) {
 // TestDeliveryIDs: the sender refuses IDs that NATS header trimming could
 // merge, before anything is sent; generated IDs are valid.
 func TestDeliveryIDs(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	ctx := context.Background()
@@ -619,6 +629,7 @@ func TestDeliveryIDs(t *testing.T) {
 // TestIngressRefusesInvalidID: the ingress refuses a Mesh-Id that is not
 // printable ASCII without spaces with Failed/invalid-id, handling nothing.
 func TestIngressRefusesInvalidID(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	_, rec := testNode(t, s, "a")
 	plain := natstest.Connect(t, s)
@@ -647,6 +658,7 @@ func TestIngressRefusesInvalidID(t *testing.T) {
 // Deliver then returned ShuttingDown to its caller within two seconds of a
 // departure instead of waiting for the takeover.
 func TestRepeatedDepartureNoticeKeepsLadder(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	x := subjects.NodeID{Name: "x", Generation: 1} // nobody subscribes: no responders
 	res := newRouteResolver(func(subjects.Address, int) subjects.NodeID { return x })

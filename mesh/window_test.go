@@ -294,6 +294,7 @@ func (p cachedFaultProxy) Cached(subjects.Address) (subjects.NodeID, bool) {
 // legs sent by their callers (held: the resolver blocks) and with legs
 // staged and published by the lane (staged).
 func TestWindowFaults(t *testing.T) {
+	t.Parallel()
 	t.Run("held", func(t *testing.T) { windowFaults(t, false, false) })
 	t.Run("staged", func(t *testing.T) { windowFaults(t, true, false) })
 	t.Run("staged-callers", func(t *testing.T) { windowFaults(t, true, true) })
@@ -399,6 +400,7 @@ func windowFaults(t *testing.T, staged, callers bool) {
 // deactivation with a full inbox fails deliveries late, and a late verdict
 // can lose the race with the acceptance that names its key.)
 func TestWindowPipelined(t *testing.T) {
+	t.Parallel()
 	const streams, per = 4, 1500
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
