@@ -258,6 +258,7 @@ func waitAdvisoryRoute(t *testing.T, c *Cluster, i int, ch <-chan *nats.Msg) {
 // TestClusterDocsAccountsConf: docs/operations.md gives operators exactly the
 // accounts section the test cluster runs with.
 func TestClusterDocsAccountsConf(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)

@@ -35,6 +35,7 @@ func httpGet(t *testing.T, url string) (int, string) {
 // TestMeshdEmbedded: meshd on its embedded server, driven by meshctl; then
 // SIGTERM drains and exits 0.
 func TestMeshdEmbedded(t *testing.T) {
+	t.Parallel()
 	md := StartMeshd(t, "--name", "e2e", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", t.TempDir())
 	url := md.NATSURL
 
@@ -109,6 +110,7 @@ func TestMeshdEmbedded(t *testing.T) {
 // plain nats.go client (not the mesh library) delivers through the ingress
 // with only the headers docs/protocol.md documents; meshctl drain stops it.
 func TestMeshdExternal(t *testing.T) {
+	t.Parallel()
 	ns := StartNATSServer(t)
 	md := StartMeshd(t, "--name", "ext", "--nats-url", ns.URL, "--http", "")
 	if md.NATSURL != ns.URL {
@@ -154,6 +156,7 @@ func TestMeshdExternal(t *testing.T) {
 // TestBadInput: each binary answers bad input with one line and a non-zero
 // exit, never a stack trace.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	b := Build(t)
 	cases := []struct {
 		bin  string
@@ -179,6 +182,7 @@ func TestBadInput(t *testing.T) {
 // TestMeshdEmbeddedDrainedByMeshctl: `meshctl drain` stops a meshd running
 // its own embedded server; meshctl reports the drain and exits 0.
 func TestMeshdEmbeddedDrainedByMeshctl(t *testing.T) {
+	t.Parallel()
 	md := StartMeshd(t, "--name", "solo", "--listen", "127.0.0.1:0", "--http", "", "--data-dir", t.TempDir())
 	out, errOut, code := meshctl(t, md.NATSURL, "drain", "solo")
 	if code != 0 || !strings.Contains(out, "yes") {

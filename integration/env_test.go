@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/natsmesh/natsmesh/internal/natstest"
 )
 
 // TestMain keeps the meshd and meshctl processes the tests start off the
@@ -21,6 +23,7 @@ func TestMain(m *testing.M) {
 			os.Unsetenv(k)
 		}
 	}
+	natstest.RaiseParallel(4)
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -103,6 +103,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // detection time (asserted ≤ 2× the TTL), none waits for its timeout, and
 // deliveries sent after the kill succeed on another node.
 func TestClusterKillOwnerFailsPromptly(t *testing.T) {
+	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "n1", "n2", "n3")
@@ -156,6 +157,7 @@ func TestClusterKillOwnerFailsPromptly(t *testing.T) {
 // cluster, all hosting echo: deliveries from any node, through the library
 // and through the ingress, reach the one activation of each address.
 func TestClusterMeshdOneActivation(t *testing.T) {
+	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	var mds []*Meshd
@@ -217,6 +219,7 @@ func TestClusterMeshdOneActivation(t *testing.T) {
 // TTL: the old generation is retired at once and a request addressed to it
 // fails promptly; the old process, when it wakes, stands down.
 func TestClusterRestartSameName(t *testing.T) {
+	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	old := StartTestNode(t, "--name", "same", "--nats-url", c.URL(), "--kv-replicas", "3", "--ttl", "30s", "--heartbeat", "1s")
@@ -259,6 +262,7 @@ func TestClusterRestartSameName(t *testing.T) {
 // detection time, then SIGCONT: it does not serve the addresses it lost, and
 // nothing it still held is handled twice.
 func TestClusterFrozenOwnerFenced(t *testing.T) {
+	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "f1", "f2")
@@ -378,6 +382,7 @@ func subscribeExecs(t *testing.T, url string) *execLog {
 // verdict, none Failed, per-stream order holds end to end, and each accepted
 // delivery is executed exactly once.
 func TestClusterRollingRestart(t *testing.T) {
+	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	names := []string{"r1", "r2", "r3"}
@@ -521,6 +526,7 @@ func TestClusterRollingRestart(t *testing.T) {
 // (an error is never Accepted's opposite in disguise: a failure that is not
 // resendable is a timeout or a refusal, and accepted deliveries run once).
 func TestClusterKillNATSServer(t *testing.T) {
+	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "k1", "k2", "k3")
@@ -654,6 +660,7 @@ func rootCause(err error) string {
 // accepted), ShuttingDown/departed for those marked Mesh-Idempotent —
 // instead of letting the client wait out its timeout.
 func TestClusterIngressFailsPromptly(t *testing.T) {
+	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	victim := StartTestNode(t, "--name", "v", "--nats-url", c.URLs()[0], "--kv-replicas", "3", "--ingress=false")
@@ -835,6 +842,7 @@ func TestClusterClaimRace(t *testing.T) {
 // node) by itself; the time from the kill to the first frame of the new
 // epoch is reported.
 func TestClusterSubscriberFollowsKilledOwner(t *testing.T) {
+	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "s1", "s2")

@@ -40,6 +40,7 @@ import (
 //     restart is its last acknowledged write (or the one whose outcome was
 //     unknown).
 func TestRestartSupersedesOwnGeneration(t *testing.T) {
+	t.Parallel()
 	s := StartNATSServer(t)
 	const ttl = 30 * time.Second
 	dirA, dirB := t.TempDir(), t.TempDir()
@@ -208,6 +209,7 @@ func TestRestartSupersedesOwnGeneration(t *testing.T) {
 // its registry entry is gone (a graceful leave). With no meshd on the
 // directory it has nothing to do and exits 0.
 func TestMeshdDrainCommand(t *testing.T) {
+	t.Parallel()
 	s := StartNATSServer(t)
 	dir := t.TempDir()
 	m := StartMeshd(t, "--name", "d", "--nats-url", s.URL, "--data-dir", dir, "--http", "")
@@ -236,6 +238,7 @@ func TestMeshdDrainCommand(t *testing.T) {
 // data directory before it lets the lock go; a node killed outright
 // records nothing, which meshd drain reports as not clean too.
 func TestMeshdDrainCommandCutShort(t *testing.T) {
+	t.Parallel()
 	s := StartNATSServer(t)
 	dir := t.TempDir()
 	m := StartMeshd(t, "--name", "c", "--nats-url", s.URL, "--data-dir", dir, "--http", "", "--drain-timeout", "1s")

@@ -562,6 +562,7 @@ func TestScenarioLameDuckRollingRestart(t *testing.T) {
 // killed server (idle: it stays down past a TTL with the registry back):
 // no node changes generation, in every repetition.
 func TestScenarioKillRegistryLeader(t *testing.T) {
+	t.Parallel()
 	for rep := range scenarioReps() {
 		for _, idle := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%d/idle=%v", rep, idle), func(t *testing.T) {
@@ -621,6 +622,7 @@ func TestScenarioKillRegistryLeader(t *testing.T) {
 // fencing delay — so no two nodes run turns for one address at once, and
 // nothing Failed.
 func TestScenarioOwnerLinkCut(t *testing.T) {
+	t.Parallel()
 	for rep := range scenarioReps() {
 		for _, mode := range []CutMode{CutClose, CutDrop} {
 			name := map[CutMode]string{CutClose: "closed", CutDrop: "dropped"}[mode]

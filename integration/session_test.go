@@ -11,6 +11,7 @@ import (
 // plus a small fixed margin when its NATS server is gone (killed) while it
 // drains; it used to take 13 s with a 3 s deadline.
 func TestMeshdDrainBoundNATSUnreachable(t *testing.T) {
+	t.Parallel()
 	ns := StartNATSServer(t)
 	md := StartMeshd(t, "--name", "bound", "--nats-url", ns.URL, "--http", "", "--drain-timeout", "1s")
 	if err := ns.Cmd.Process.Kill(); err != nil {
@@ -33,6 +34,7 @@ func TestMeshdDrainBoundNATSUnreachable(t *testing.T) {
 // with one clear line and leaves the live node alone; with --replace it
 // takes the name over and the old process exits.
 func TestMeshdSameName(t *testing.T) {
+	t.Parallel()
 	ns := StartNATSServer(t)
 	first := StartMeshd(t, "--name", "same", "--nats-url", ns.URL, "--http", "")
 	stdout, stderr, code := Run(t, 30*time.Second, nil, Build(t).Meshd, "--name", "same", "--nats-url", ns.URL, "--http", "", "--log-format", "json")
