@@ -663,7 +663,8 @@ func TestRepeatedDepartureNoticeKeepsLadder(t *testing.T) {
 	x := subjects.NodeID{Name: "x", Generation: 1} // nobody subscribes: no responders
 	res := newRouteResolver(func(subjects.Address, int) subjects.NodeID { return x })
 	clock := &fakeClock{gate: make(chan struct{})} // back-offs last until the gate opens
-	view := newGoneView() // the cluster view knows x gone from the first notice on
+	// The cluster view knows x gone from the first notice on.
+	view := newGoneView()
 	c := newClient(t, natstest.Connect(t, s), res, WithClock(clock), WithView(view))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
