@@ -16,6 +16,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/histo"
+	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -153,6 +154,7 @@ func NewClient(cfg Config, opts ...Option) (*Client, error) {
 		return nil, err
 	}
 	o := defaultOptions()
+	o.view = membership.Static{} // a standalone client's cluster view; WithView replaces it
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err

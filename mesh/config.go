@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -101,7 +100,6 @@ func defaultOptions() options {
 		placementWait:       DefaultPlacementWait,
 		retry:               DefaultRetryPolicy,
 		clock:               SystemClock{},
-		view:                membership.Static{},
 		logger:              slog.Default(),
 	}
 }
@@ -236,8 +234,8 @@ func WithLateVerdicts(f func(LateVerdict)) Option {
 // resendable departed verdict instead of sending. The client keeps no
 // liveness of its own. A [Node] with membership passes its view (the
 // current session's membership, followed across rejoins); a standalone
-// client has [membership.Static] by default, which sees no departure. v
-// must be safe for concurrent use and cheap.
+// client has membership.Static by default, which sees no departure (see
+// [NewClient]). v must be safe for concurrent use and cheap.
 func WithView(v ClusterView) Option {
 	return func(o *options) error {
 		if v == nil {
