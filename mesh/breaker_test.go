@@ -758,7 +758,7 @@ func TestBreakerDepartureIsolation(t *testing.T) {
 	c1 := newClient(t, natstest.Connect(t, s), splitResolver{px: p, node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet),
 		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 500}), WithLegTimeout(5*time.Second))
 	c2 := newClient(t, natstest.Connect(t, s), StaticResolver{Node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet))
-	p.client.Store(c1)
+	p.attach(c1)
 	stop := make(chan struct{})
 	chaos := make(chan int)
 	go func() {

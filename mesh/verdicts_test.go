@@ -669,7 +669,7 @@ func TestRepeatedDepartureNoticeKeepsLadder(t *testing.T) {
 	// The cluster view, which knows x gone from the first notice on, as a
 	// node's does (set here, before anything is sent: as WithView would).
 	view := newGoneView()
-	c.opts.view = view
+	setView(c, view)
 	ch := c.DeliverAsync(ctx, Delivery{To: "rec/r"})
 	sleeps := func() int { return len(clock.recorded()) }
 	natstest.Eventually(t, 10*time.Second, func() bool { return c.backingOff() == 1 && sleeps() == 1 }, "first back-off")
