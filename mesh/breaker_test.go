@@ -758,7 +758,8 @@ func TestBreakerDepartureIsolation(t *testing.T) {
 	c1 := newClient(t, natstest.Connect(t, s), splitResolver{px: p, node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet),
 		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 500}), WithLegTimeout(5*time.Second))
 	c2 := newClient(t, natstest.Connect(t, s), StaticResolver{Node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet))
-	p.attach(c1)
+	p.client.Store(c1)
+	setView(c1, p) // before anything is sent
 	stop := make(chan struct{})
 	chaos := make(chan int)
 	go func() {

@@ -66,6 +66,7 @@ func setView(c *Client, v ClusterView) { c.opts.view = v }
 // departed verdict (and is re-resolved), although the generation is in
 // fact live and would accept it. Without the view consulted, x accepts.
 func TestSenderConsultsView(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	x, recX := testNode(t, s, "x")
 	y, _ := testNode(t, s, "y")
@@ -115,6 +116,7 @@ func TestSenderConsultsView(t *testing.T) {
 // accepted. (It was failed departed at every attempt when the client
 // remembered the notice.)
 func TestStandaloneClientStaticView(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	rec.fn = func(_ context.Context, d *hub.Delivery) error {

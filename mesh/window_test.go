@@ -74,16 +74,9 @@ func newFaultProxy(t *testing.T, nc *nats.Conn, node *Node) *faultProxy {
 	return p
 }
 
-// attach makes the proxy c's cluster view, before c sends anything, and
-// the one that tells c its departures (faultDepart), as a node's
-// membership would be.
-func (p *faultProxy) attach(c *Client) {
-	setView(c, p)
-	p.client.Store(c)
-}
-
 // Gone reports whether node is a generation of the proxy that departed:
-// it knows a departure before the client is told (FailNode), as a node's
+// the proxy is its client's cluster view (setView), which knows a
+// departure before the client is told (FailNode, faultDepart), as a node's
 // membership does.
 func (p *faultProxy) Gone(node subjects.NodeID) bool {
 	return node.Name == "px" && node.Generation < p.gen.Load()
@@ -334,7 +327,8 @@ func windowFaults(t *testing.T, staged, callers bool) {
 	}
 	c := newClient(t, natstest.Connect(t, s), res, WithWindow(window), WithLegTimeout(300*time.Millisecond),
 		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
-	p.attach(c)
+	p.client.Store(c)
+	setView(c, p) // before anything is sent
 	const addr = subjects.Address("rec/win")
 	outs := make([][]windowOutcome, streams)
 	var wg sync.WaitGroup

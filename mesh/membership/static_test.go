@@ -10,6 +10,7 @@ import (
 // TestStaticView: the static view knows nobody, sees nothing gone, emits
 // nothing and lets nothing be taken over.
 func TestStaticView(t *testing.T) {
+	t.Parallel()
 	var v View = Static{}
 	n := subjects.NodeID{Name: "a", Generation: 3}
 	if v.Alive(n) || v.Gone(n) || v.Known(n) {
