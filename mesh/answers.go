@@ -79,13 +79,9 @@ func (c *Client) learned(node subjects.NodeID, key string) {
 	}
 }
 
-// knownGone reports whether this client knows generation node departed.
-func (c *Client) knownGone(node subjects.NodeID) bool {
-	c.fl.mu.Lock()
-	_, gone := c.fl.goneLocked(node)
-	c.fl.mu.Unlock()
-	return gone || (c.opts.gone != nil && c.opts.gone(node))
-}
+// knownGone reports whether the cluster view knows generation node
+// departed.
+func (c *Client) knownGone(node subjects.NodeID) bool { return c.opts.view.Gone(node) }
 
 // dropHeld drops the held answers naming departed generation node as
 // forged: they cannot be verified any more.

@@ -759,6 +759,7 @@ func TestBreakerDepartureIsolation(t *testing.T) {
 		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 500}), WithLegTimeout(5*time.Second))
 	c2 := newClient(t, natstest.Connect(t, s), StaticResolver{Node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet))
 	p.client.Store(c1)
+	setView(c1, p) // before anything is sent
 	stop := make(chan struct{})
 	chaos := make(chan int)
 	go func() {

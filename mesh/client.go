@@ -16,6 +16,7 @@ import (
 
 	"github.com/natsmesh/natsmesh/hub"
 	"github.com/natsmesh/natsmesh/internal/histo"
+	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
@@ -103,7 +104,7 @@ type Client struct {
 	pendingMu sync.Mutex
 	pending   map[string]*flight // Requests awaiting their responses, by delivery ID
 
-	fl   flights     // flights by owner generation; departed generations
+	fl   flights     // flights by owner generation (liveness is opts.view's)
 	shut atomic.Bool // Close started: flights end with ErrClosing
 
 	moving atomic.Pointer[chan struct{}] // while MoveConnection runs: closed when it ends (move.go)
@@ -139,11 +140,21 @@ type Client struct {
 
 // NewClient validates cfg, applies opts and subscribes to the client's answer
 // subject. Errors match [ErrInvalidConfig], or are the subscribe error.
+//
+// A client made here stands alone: unless [WithView] gives it one, its
+// cluster view is [membership.Static], which sees no departure. It then
+// learns that an owner left only from its legs — NATS no responders, the
+// intake's "not the owner" or shutting-down refusals, all resendable, so the
+// delivery is re-resolved and re-sent — not from membership: an awaited
+// response of a Request whose owner crashed ends at the caller's deadline
+// (outcome unknown), where a [Node]'s sender fails it at once. Its own
+// link's drop and its own closing are told as for a node's sender.
 func NewClient(cfg Config, opts ...Option) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	o := defaultOptions()
+	o.view = membership.Static{} // a standalone client's cluster view; WithView replaces it
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err

@@ -3,16 +3,38 @@ package mesh
 import (
 	"context"
 
+	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
 // The cluster view (DESIGN §9): who is alive and what they host is the
-// current session's membership (package membership), and where an address
-// lives is its directory (package directory). The sender resolves through
-// nodeResolver, the ingress and the subscriptions read Node.Members, and
-// the directory reads the same membership: one store of liveness, replaced
-// with the session on a rejoin.
+// current session's membership (package membership, the one store of
+// liveness), and where an address lives is its directory (package
+// directory). The sender reads it through ClusterView (a Node passes
+// itself: Node.Gone asks its current session's membership) and resolves
+// through nodeResolver; the ingress forwards through the node's sender, so
+// it reads the same view; the subscriptions read Session.Members and the
+// directory the same membership — replaced with the session on a rejoin.
+// A standalone client reads membership.Static: it sees no departure.
+
+// ClusterView is what the sender reads of the cluster view
+// (membership.View, which every view implements): whether an owner
+// generation is known gone. The sender asks it each time it addresses a
+// delivery to an owner, and keeps no departure marks of its own. A
+// departure's event reaches the sender through FailNode, which the owner of
+// the view calls (a Node: its session's membership events).
+type ClusterView interface {
+	// Gone reports whether node is known gone (departed, or superseded
+	// by a newer generation of its name). Safe for concurrent use; it
+	// must not block on NATS.
+	Gone(node subjects.NodeID) bool
+}
+
+var (
+	_ ClusterView = membership.View(nil)
+	_ ClusterView = (*Node)(nil)
+)
 
 // nodeResolver resolves through the current session's directory.
 type nodeResolver struct{ n *Node }
@@ -56,9 +78,9 @@ func (r nodeResolver) Redirect(addr subjects.Address, owner subjects.NodeID) boo
 
 // Gone reports whether the cluster view knows node gone (a newer generation
 // of its name is live, or it departed within the fencing delay; see
-// membership.Membership.Gone). False without membership. Safe for
-// concurrent use; it is what the sending side should ask instead of keeping
-// departure marks of its own.
+// membership.Membership.Gone), asking the current session's membership: it
+// follows the node across rejoins. False without membership. Safe for
+// concurrent use; it makes the Node the ClusterView of its own sender.
 func (n *Node) Gone(node subjects.NodeID) bool {
 	if inc := n.current(); inc != nil && inc.members != nil {
 		return inc.members.Gone(node)

@@ -72,7 +72,7 @@ type options struct {
 	logger              *slog.Logger
 	onLate              func(LateVerdict)
 	tracer              trace.Tracer // nil: tracing off
-	gone                func(subjects.NodeID) bool
+	view                ClusterView
 }
 
 // Defaults for the options.
@@ -228,14 +228,20 @@ func WithLateVerdicts(f func(LateVerdict)) Option {
 	}
 }
 
-// WithLiveness makes the client ask the cluster view whether an owner
-// generation is gone (e.g. [Node.Gone]) instead of remembering the
-// generations FailNode declared gone: one store of liveness, bounded. A
-// [Node] with membership sets it. gone must be safe for concurrent use and
-// cheap: it is asked each time a delivery is addressed to an owner.
-func WithLiveness(gone func(subjects.NodeID) bool) Option {
+// WithView sets the cluster view the client reads liveness from (DESIGN
+// §9): before each attempt it asks whether the owner generation it
+// addresses is gone, and if so fails the attempt at once with the
+// resendable departed verdict instead of sending. The client keeps no
+// liveness of its own. A [Node] with membership passes its view (the
+// current session's membership, followed across rejoins); a standalone
+// client has membership.Static by default, which sees no departure (see
+// [NewClient]). v must be safe for concurrent use and cheap.
+func WithView(v ClusterView) Option {
 	return func(o *options) error {
-		o.gone = gone
+		if v == nil {
+			return fmt.Errorf("%w: nil cluster view", ErrInvalidConfig)
+		}
+		o.view = v
 		return nil
 	}
 }

@@ -136,74 +136,23 @@ type answer struct {
 	node    string
 }
 
-// flights indexes the client's flights by owner generation, and — for a
-// client without a cluster view — remembers which generations departed.
-// Safe for concurrent use.
+// flights indexes the client's flights by owner generation. It is no
+// store of liveness: whether a generation is gone is the cluster view's
+// (ClusterView). Safe for concurrent use.
 type flights struct {
-	mu      sync.Mutex
-	byNode  map[subjects.NodeID]map[*flight]struct{}
-	gone    map[string]goneMark  // by node name: its newest departed generation (bounded: maxGoneMarks)
-	goneSeq uint64               // counts marks written, to evict the oldest
-	spare   map[*flight]struct{} // an emptied set, reused by the next generation indexed (no map per delivery)
+	mu     sync.Mutex
+	byNode map[subjects.NodeID]map[*flight]struct{}
+	spare  map[*flight]struct{} // an emptied set, reused by the next generation indexed (no map per delivery)
 }
-
-// goneMark is the newest departed generation of a node name. A generation
-// registers only once the older ones of its name are gone (superseded or
-// departed), so every generation up to gen is gone.
-type goneMark struct {
-	gen uint64
-	how string
-	seq uint64 // when it was written (goneSeq)
-}
-
-// maxGoneMarks bounds the node names whose departure a client without a
-// cluster view remembers. Forgetting one is safe: a delivery to that
-// generation then meets no responders, resendable like the departed
-// verdict, only a round trip later.
-const maxGoneMarks = 4096
 
 func newFlights() flights {
-	return flights{byNode: map[subjects.NodeID]map[*flight]struct{}{}, gone: map[string]goneMark{}}
-}
-
-// goneLocked reports whether node is marked departed, and how. Called with
-// fl.mu held.
-func (fl *flights) goneLocked(node subjects.NodeID) (string, bool) {
-	m, ok := fl.gone[node.Name]
-	switch {
-	case !ok || node.Generation > m.gen:
-		return "", false
-	case node.Generation < m.gen:
-		return fmt.Sprintf("generation %d of its name departed (%s)", m.gen, m.how), true
-	}
-	return m.how, true
-}
-
-// markGoneLocked marks node departed (how) unless a newer generation of
-// its name is marked, and returns how node's departure reads. Past
-// maxGoneMarks names it forgets the oldest eighth. Called with fl.mu held.
-func (fl *flights) markGoneLocked(node subjects.NodeID, how string) string {
-	if m, ok := fl.gone[node.Name]; ok && m.gen >= node.Generation {
-		how, _ = fl.goneLocked(node)
-		return how
-	}
-	if _, ok := fl.gone[node.Name]; !ok && len(fl.gone) >= maxGoneMarks {
-		floor := fl.goneSeq - maxGoneMarks + maxGoneMarks/8 // marks written before it are the oldest eighth
-		for name, m := range fl.gone {
-			if m.seq <= floor {
-				delete(fl.gone, name)
-			}
-		}
-	}
-	fl.goneSeq++
-	fl.gone[node.Name] = goneMark{gen: node.Generation, how: how, seq: fl.goneSeq}
-	return how
+	return flights{byNode: map[subjects.NodeID]map[*flight]struct{}{}}
 }
 
 // address starts a wait of f in phase p addressed to node: it indexes f
 // under node, with a fresh wake channel and no event, and records at once
-// that this client is closing, or — if checkGone — that node already
-// departed.
+// that this client is closing, or — if checkGone — that the cluster view
+// knows node gone.
 func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone bool) {
 	c.fl.mu.Lock()
 	set := c.fl.byNode[node]
@@ -216,10 +165,9 @@ func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone boo
 		c.fl.byNode[node] = set
 	}
 	set[f] = struct{}{}
-	how, gone := c.fl.goneLocked(node)
-	if !gone && checkGone && c.opts.gone != nil && c.opts.gone(node) {
-		how, gone = "(known gone)", true
-	}
+	// Asked under fl.mu: a departure the view learns after this answer
+	// is told by FailNode, whose scan of the index then finds f.
+	gone := checkGone && c.opts.view.Gone(node)
 	f.mu.Lock()
 	c.fl.mu.Unlock()
 	f.phase, f.node, f.ev, f.evText, f.evErr, f.cancel, f.backoff = p, node, evNone, "", nil, nil, false
@@ -228,8 +176,8 @@ func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone boo
 		f.wake = make(chan struct{}) // an unclosed one serves again
 	}
 	f.woken = false
-	if gone && checkGone {
-		f.recordLocked(evDeparted, how)
+	if gone {
+		f.recordLocked(evDeparted, "known gone")
 	}
 	if c.shut.Load() {
 		f.recordLocked(evClosing, "")
@@ -336,16 +284,13 @@ func departedError(node subjects.NodeID, how string) error {
 // re-resolves and sends again), and every Request it had accepted whose
 // response is awaited fails at once with verdict.ErrOutcomeUnknown (or the
 // departed verdict if the delivery is Idempotent) and is never re-sent.
-// Flights addressed to node later meet the same verdict at once. how
-// describes the departure for the error text. Safe for concurrent use;
-// calling it twice for one node is harmless.
+// It is the event; the client remembers nothing of it: flights addressed to
+// node later meet the departed verdict at once only if the cluster view
+// (WithView) reports node gone — a Node's does, and calls FailNode on each
+// departure its membership sees. how describes the departure for the error
+// text. Safe for concurrent use; calling it twice for one node is harmless.
 func (c *Client) FailNode(node subjects.NodeID, how string) {
-	c.fl.mu.Lock()
-	if c.opts.gone == nil { // without a cluster view, remember it here
-		how = c.fl.markGoneLocked(node, how)
-	}
-	hit := c.flightsOfLocked(node)
-	c.fl.mu.Unlock()
+	hit := c.flightsOf(node)
 	for _, r := range hit {
 		if !r.lock() {
 			continue

@@ -231,6 +231,13 @@ func (p *holdProxy) Resolve(context.Context, subjects.Address) (subjects.NodeID,
 
 func (p *holdProxy) Invalidate(subjects.Address, subjects.NodeID) {}
 
+// Gone reports whether node is a generation of the proxy that departed:
+// the proxy is its clients' cluster view, which knows a departure before
+// the client is told (FailNode), as a node's membership does.
+func (p *holdProxy) Gone(node subjects.NodeID) bool {
+	return node.Name == "hp" && node.Generation < p.gen.Load()
+}
+
 func (p *holdProxy) leg(m *nats.Msg) {
 	d, err := subjects.DefaultPrefix.ParseDelivery(m.Subject)
 	if err != nil {
@@ -325,7 +332,7 @@ func TestWindowPositionEvents(t *testing.T) {
 				name := fmt.Sprintf("rep %d %s at %d", rep, ev, pos)
 				addr := subjects.Address(fmt.Sprintf("rec/wpe-%d", run))
 				c, err := NewClient(Config{Conn: nc, Resolver: p, Identity: subjects.NodeID{Name: "wpe", Generation: uint64(run)}},
-					WithWindow(window), WithRetry(RetryPolicy{Initial: time.Millisecond, Max: 2 * time.Millisecond, MaxRetries: 50}))
+					WithWindow(window), WithRetry(RetryPolicy{Initial: time.Millisecond, Max: 2 * time.Millisecond, MaxRetries: 50}), WithView(p))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -435,7 +442,7 @@ func TestWindowPositionEvents(t *testing.T) {
 					p.releaseHeld()
 				}
 				probe := fmt.Sprintf("wpe-%d-probe", run)
-				pc := newClient(t, nc, p)
+				pc := newClient(t, nc, p, WithView(p))
 				if _, err := pc.Deliver(context.Background(), Delivery{ID: probe, To: addr}); err != nil {
 					t.Fatalf("%s: probe: %v", name, err)
 				}
@@ -502,7 +509,7 @@ func TestSlotWaitersRaceEvents(t *testing.T) {
 	scenarios := []string{"depart", "depart-racing-release", "deadline", "deadline-racing-depart", "cancel-racing-release"}
 	count := map[string]int{}
 	for k := 1; k <= 3; k++ {
-		c := newClient(t, natstest.Connect(t, s), res, WithMaxInFlight(k),
+		c := newClient(t, natstest.Connect(t, s), res, WithMaxInFlight(k), WithView(p),
 			WithRetry(RetryPolicy{Initial: time.Millisecond, Max: 2 * time.Millisecond, MaxRetries: 50}))
 		for rep := range reps(t, 70) {
 			sc := scenarios[rep%len(scenarios)]
@@ -780,7 +787,7 @@ func TestLaneChaos(t *testing.T) {
 	n, rec := testNode(t, s, "a")
 	p := newHoldProxy(t, s, n)
 	nc := natstest.Connect(t, s, nats.ReconnectWait(5*time.Millisecond), nats.MaxReconnects(-1))
-	c := newClient(t, nc, p, WithWindow(8), WithMaxInFlight(6),
+	c := newClient(t, nc, p, WithWindow(8), WithMaxInFlight(6), WithView(p),
 		WithRetry(RetryPolicy{Initial: time.Millisecond, Max: 4 * time.Millisecond, MaxRetries: 200}))
 	const addr = subjects.Address("rec/chaos")
 	stop := make(chan struct{})

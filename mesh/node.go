@@ -298,9 +298,9 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	}
 	base := []Option{WithLogger(cfg.Logger), WithTracerProvider(cfg.TracerProvider)}
 	if cfg.Membership != nil {
-		// Liveness is the cluster view's (DESIGN §9): the client keeps no
-		// departure marks of its own.
-		base = append(base, WithLiveness(n.Gone))
+		// Liveness is the cluster view's (DESIGN §9), read through the
+		// current session (Node.Gone), so it follows a rejoin.
+		base = append(base, WithView(n))
 	}
 	c, err := NewClient(Config{Conn: cfg.Conn, Resolver: res, Identity: id, Prefix: cfg.Prefix},
 		append(base, opts...)...)

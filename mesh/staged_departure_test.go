@@ -36,6 +36,13 @@ func (r *movingResolver) Resolve(context.Context, subjects.Address) (subjects.No
 }
 func (r *movingResolver) Invalidate(subjects.Address, subjects.NodeID) {}
 
+// Gone reports whether node is a "hold" generation the resolver moved on
+// from: the resolver is its client's cluster view, which knows a departure
+// before the client is told (FailNode), as a node's membership does.
+func (r *movingResolver) Gone(node subjects.NodeID) bool {
+	return node.Name == "hold" && (r.done.Load() || node.Generation < r.gen.Load())
+}
+
 type cachedMovingResolver struct{ *movingResolver }
 
 func (r cachedMovingResolver) Cached(subjects.Address) (subjects.NodeID, bool) {
@@ -78,6 +85,7 @@ func TestStagedWaitersDoNotPayForDepartures(t *testing.T) {
 			}
 			c := newClient(t, natstest.Connect(t, s), res, WithWindow(1), WithClock(&fakeClock{}),
 				WithRetry(RetryPolicy{MaxRetries: 2}), WithLegTimeout(time.Minute), WithRequestTimeout(2*time.Minute))
+			setView(c, mr)
 			const waiters = 10
 			key := LaneKey{Addr: "rec/w"}
 			type out struct {

@@ -132,10 +132,6 @@ func TestAnswerFromAbandonedLeg(t *testing.T) {
 		x.mu.Lock()
 		x.hold, x.held = false, nil
 		x.mu.Unlock()
-		// x comes back as a live generation for the next round.
-		c.fl.mu.Lock()
-		delete(c.fl.gone, x.id.Name)
-		c.fl.mu.Unlock()
 	}
 }
 
@@ -174,9 +170,6 @@ func TestAbandonedThenAcceptedBySameGeneration(t *testing.T) {
 	x.mu.Lock()
 	x.hold, x.held = false, nil
 	x.mu.Unlock()
-	c.fl.mu.Lock()
-	delete(c.fl.gone, x.id.Name) // x is alive after all
-	c.fl.mu.Unlock()
 	if r, err := c.Deliver(ctx, Delivery{To: "rec/a", ID: id}); err != nil || r.Node != x.id {
 		t.Fatalf("re-send: %v %v", r.Node, err)
 	}
@@ -235,9 +228,6 @@ func TestAnswerBeforeAbandonment(t *testing.T) {
 		ownerMu.Lock()
 		owner = x.id
 		ownerMu.Unlock()
-		c.fl.mu.Lock()
-		delete(c.fl.gone, x.id.Name) // x is alive again for this round
-		c.fl.mu.Unlock()
 		if _, err := c.Deliver(ctx, Delivery{To: "rec/warm"}); err != nil { // the client learns x's key
 			t.Fatal(err)
 		}

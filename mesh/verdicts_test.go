@@ -666,13 +666,17 @@ func TestRepeatedDepartureNoticeKeepsLadder(t *testing.T) {
 	c := newClient(t, natstest.Connect(t, s), res, WithClock(clock))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	// The cluster view, which knows x gone from the first notice on, as a
+	// node's does (set here, before anything is sent: as WithView would).
+	view := newGoneView()
+	setView(c, view)
 	ch := c.DeliverAsync(ctx, Delivery{To: "rec/r"})
 	sleeps := func() int { return len(clock.recorded()) }
 	natstest.Eventually(t, 10*time.Second, func() bool { return c.backingOff() == 1 && sleeps() == 1 }, "first back-off")
-	c.FailNode(x, "disconnected") // cuts it short: the next attempt meets x known gone
+	view.depart(c, x, "disconnected") // cuts it short: the next attempt meets x known gone
 	natstest.Eventually(t, 10*time.Second, func() bool { return c.backingOff() == 1 && sleeps() == 2 }, "second back-off")
 	for range 5 {
-		c.FailNode(x, "expired") // the same departure again
+		view.depart(c, x, "expired") // the same departure again
 	}
 	if n := c.countFlights(func(f *flight) bool { return f.backoff && !f.woken }); n != 1 {
 		t.Fatalf("a repeated notice cut the back-off short (%d flights still backing off undisturbed)", n)

@@ -74,6 +74,14 @@ func newFaultProxy(t *testing.T, nc *nats.Conn, node *Node) *faultProxy {
 	return p
 }
 
+// Gone reports whether node is a generation of the proxy that departed:
+// the proxy is its client's cluster view (setView), which knows a
+// departure before the client is told (FailNode, faultDepart), as a node's
+// membership does.
+func (p *faultProxy) Gone(node subjects.NodeID) bool {
+	return node.Name == "px" && node.Generation < p.gen.Load()
+}
+
 func (p *faultProxy) Resolve(context.Context, subjects.Address) (subjects.NodeID, error) {
 	return subjects.NodeID{Name: "px", Generation: p.gen.Load()}, nil
 }
@@ -320,6 +328,7 @@ func windowFaults(t *testing.T, staged, callers bool) {
 	c := newClient(t, natstest.Connect(t, s), res, WithWindow(window), WithLegTimeout(300*time.Millisecond),
 		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
 	p.client.Store(c)
+	setView(c, p) // before anything is sent
 	const addr = subjects.Address("rec/win")
 	outs := make([][]windowOutcome, streams)
 	var wg sync.WaitGroup

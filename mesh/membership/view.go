@@ -13,9 +13,11 @@ import (
 // taken over, and the events that change it. A node's *Membership is its
 // view, replaced with its session on a rejoin; it is the one store of
 // liveness the node's parts read — the directory (directory.Config.Members),
-// the sender (mesh.WithLiveness over Node.Gone), the ingress and sync-stream
-// subscriptions (Node.Session). Implementations are safe for concurrent use
-// and do not block on NATS.
+// the sender (mesh.WithView: the node itself, whose Gone asks its current
+// session's membership), the ingress (it forwards through that sender) and
+// sync-stream subscriptions (Node.Session). A process outside membership (a
+// standalone mesh.Client) reads Static. Implementations are safe for
+// concurrent use and do not block on NATS.
 type View interface {
 	// Self is this node's own registered generation.
 	Self() Member
