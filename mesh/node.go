@@ -250,7 +250,7 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 		return nil, fmt.Errorf("%w: Conn is nil", ErrInvalidConfig)
 	}
 	if cfg.Generation == 0 {
-		cfg.Generation = uint64(time.Now().UnixNano())
+		cfg.Generation = uint64(time.Now().UnixNano()) // real clock: a generation is on the wire and in the registry
 	}
 	id := subjects.NodeID{Name: cfg.Name, Generation: cfg.Generation}
 	if err := id.Validate(); err != nil {
@@ -282,7 +282,7 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{
 		cfg: cfg, conn: cfg.Conn, prefix: cfg.Prefix, opts: opts, tracer: meshtrace.Tracer(cfg.TracerProvider),
-		log: cfg.Logger.With("node", cfg.Name), started: time.Now(),
+		log: cfg.Logger.With("node", cfg.Name), started: time.Now(), // real clock: reported on the control API
 		ingressPool:   newFairPool(cfg.IngressConcurrency, cfg.IngressCallerShare),
 		rates:         newCallerRates(cfg.IngressCallerRate, cfg.IngressCallerBurst),
 		placementPool: newFairPool(cfg.IngressPlacementWaits, cfg.IngressPlacementWaits/DefaultIngressCallerShareDivisor),

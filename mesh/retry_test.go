@@ -21,7 +21,7 @@ func TestNoRespondersLadder(t *testing.T) {
 	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
-	clock := &fakeClock{}
+	clock := newFakeClock()
 	res := &countingResolver{fn: func(int, subjects.Address) subjects.NodeID { return ghost }}
 	c := newClient(t, nc, res, WithClock(clock))
 	r, err := c.Deliver(context.Background(), Delivery{To: "rec/x"})
@@ -61,7 +61,7 @@ func TestLadderRecoversOnReResolve(t *testing.T) {
 	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
-	clock := &fakeClock{}
+	clock := newFakeClock()
 	res := &countingResolver{fn: func(call int, _ subjects.Address) subjects.NodeID {
 		if call < 3 {
 			return ghost
@@ -88,7 +88,7 @@ func TestClosingStopsLadder(t *testing.T) {
 	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
-	clock := &fakeClock{gate: make(chan struct{})}
+	clock := newGatedClock()
 	res := &countingResolver{fn: func(int, subjects.Address) subjects.NodeID { return ghost }}
 	c, err := NewClient(Config{Conn: nc, Resolver: res}, WithClock(clock))
 	if err != nil {

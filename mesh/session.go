@@ -345,7 +345,7 @@ func (n *Node) fencing() {
 			select {
 			case <-n.ctx.Done():
 				return
-			case <-time.After(time.Second):
+			case <-n.Clock().After(time.Second):
 			}
 		}
 	}
