@@ -45,7 +45,7 @@ type NodeConfig struct {
 	Resolver Resolver
 	// Host tunes the receiving side (inbox size, dedupe window, idle
 	// timeout, claims); its Conn, Node, Prefix and Logger are set by the
-	// Node.
+	// Node, and a nil Clock is the node's (WithClock).
 	Host hub.Config
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
@@ -243,7 +243,9 @@ type Node struct {
 }
 
 // NewNode validates cfg and builds a node; register hub kinds with
-// [Node.Register], then call [Node.Start]. opts tune the sending side.
+// [Node.Register], then call [Node.Start]. opts tune the sending side;
+// WithClock among them is the node's one clock (hub host, membership,
+// directory, state store, reminder runner, sync streams: see [Clock]).
 // Errors match [ErrInvalidConfig] or hub.ErrInvalidConfig.
 func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	if cfg.Conn == nil {
@@ -525,6 +527,9 @@ func (n *Node) newHost(id subjects.NodeID, claims hub.Claims, fence, turnFence f
 	hc.Conn, hc.Node, hc.Prefix, hc.Logger = n.conn, id, n.prefix, n.cfg.Logger
 	if hc.TracerProvider == nil {
 		hc.TracerProvider = n.cfg.TracerProvider
+	}
+	if hc.Clock == nil {
+		hc.Clock = n.Clock() // the node's one clock (WithClock)
 	}
 	n.mu.RLock()
 	if hc.State == nil && n.state != nil {
