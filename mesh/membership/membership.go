@@ -298,12 +298,7 @@ type Config struct {
 	BeforeAnnounce func(subjects.NodeID) (undo func(), err error)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
-	// Clock times heartbeats, expiry, the lease and its watchdog,
-	// departures, takeover times and the watcher's retries; nil means the
-	// real clock. Times written to the registry (BeatAt, Started, a
-	// removal's At, generations) and compared with another process's are
-	// the real clock's.
-	Clock clock.Clock
+	Clock  clock.Clock // heartbeats, expiry, lease, departures, takeovers; nil: real (registry times stay real)
 
 	// nameRead, when set (tests), replaces readEntry in the check of a
 	// registered name (checkName): replicas that answer differently.
@@ -341,9 +336,7 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if c.Clock == nil {
-		c.Clock = clock.Real()
-	}
+	c.Clock = clock.Or(c.Clock)
 	return nil
 }
 
@@ -508,9 +501,8 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{}, proof: map[subjects.NodeID]bool{}, durable: map[subjects.NodeID]time.Time{}, pending: map[subjects.NodeID]pendingMark{}, lastRev: map[subjects.NodeID]uint64{}, renewedAfter: map[subjects.NodeID]bool{},
 		listeners: map[int]func(Event){},
 		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1), rewatch: make(chan struct{}, 1),
-		ctx: mctx, cancel: cancel, joinedAt: cfg.Clock.Now(),
+		ctx: mctx, cancel: cancel, joinedAt: cfg.Clock.Now(), clock: registryClock{wall: cfg.Clock},
 	}
-	m.clock.wall = cfg.Clock
 	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC(), Subscriber: cfg.Subscriber} // real clock: Started is in the registry
 	slices.Sort(m.self.Kinds)
 	for attempt := 0; ; attempt++ {
