@@ -97,7 +97,7 @@ func (a *activation) enqueue(e *entry, startTurn bool) error {
 		if err := a.cycleLocked(e); err != nil {
 			return err
 		}
-		a.lastActive = time.Now()
+		a.lastActive = a.host.cfg.Clock.Now()
 		a.laneAdvanceLocked(e, a.lastActive)
 		return nil // runs at once, beside the waiting turn (runReentrant)
 	}
@@ -121,7 +121,7 @@ func (a *activation) enqueue(e *entry, startTurn bool) error {
 		a.queue, a.head = a.queue[:0], 0
 	}
 	a.queue = append(a.queue, e)
-	a.lastActive = time.Now()
+	a.lastActive = a.host.cfg.Clock.Now()
 	a.laneAdvanceLocked(e, a.lastActive)
 	if startTurn {
 		a.startTurnLocked()
@@ -176,7 +176,7 @@ func (a *activation) turns() {
 				close(a.idle)
 				a.idle = nil
 			}
-			a.lastActive = time.Now()
+			a.lastActive = a.host.cfg.Clock.Now()
 			if a.head == len(a.queue) && cap(a.queue) > 64 {
 				a.queue, a.head = nil, 0 // give a burst's memory back
 			}
@@ -244,7 +244,7 @@ func (a *activation) handle(hub Hub, e *entry, gated time.Time) {
 		h.failTaken(e, err)
 		return
 	}
-	start := time.Now()
+	start := time.Now() // real clock: the turn-duration metric measures real time
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -281,7 +281,7 @@ func (a *activation) handle(hub Hub, e *entry, gated time.Time) {
 // gets an empty response, or the batch's error.
 func (a *activation) handleBatch(b Batcher, batch []*entry) {
 	h := a.host
-	gated := time.Now()
+	gated := h.cfg.Clock.Now()
 	if err := h.serving(); err != nil {
 		for _, e := range batch {
 			h.fail(e, err)
@@ -317,7 +317,7 @@ func (a *activation) handleBatch(b Batcher, batch []*entry) {
 		}
 		return
 	}
-	start := time.Now()
+	start := time.Now() // real clock: the turn-duration metric measures real time
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -414,7 +414,7 @@ func (a *activation) build(f Factory) {
 	a.hub = hub
 	a.readOnly, a.reentrant = ro, reentrant
 	a.state = stateReady
-	a.lastActive = time.Now()
+	a.lastActive = a.host.cfg.Clock.Now()
 	a.startTurnLocked()
 	a.mu.Unlock()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
@@ -64,6 +65,50 @@ func TestIdleCollectionReleasesEveryClaim(t *testing.T) {
 	if d := h.Stats().Deactivated; d != 3*n {
 		t.Errorf("Deactivated = %d, want %d", d, 3*n)
 	}
+}
+
+// TestIdleCollectionOnInjectedClock: idle collection runs on the host's
+// clock (Config.Clock) — the janitor's ticker, the activation's last use
+// and the agenda's times — so an activation idle for an hour of a fake
+// clock's time is collected without waiting an hour, and one idle for less
+// than the timeout on that clock is not, however long the test runs. The
+// fake clock starts a century ahead, so a last use stamped by the real clock
+// would read long idle at once.
+func TestIdleCollectionOnInjectedClock(t *testing.T) {
+	const idle = time.Hour // the janitor ticks every quarter: 15 min
+	fc := clockwork.NewFakeClockAt(time.Now().AddDate(100, 0, 0))
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	g := newGateClaims(subjects.NodeID{Name: "a", Generation: 1})
+	h, _ := claimHost(t, nc, g, Config{IdleTimeout: idle, Clock: fc})
+	var deact atomic.Int64
+	if err := h.Register("idle", func(_ context.Context, addr subjects.Address) (Hub, error) {
+		return deactivatorHub{addr: addr, onDeactivate: func(subjects.Address) { deact.Add(1) }}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-send(nc, g.node, "idle/1", "d1", "x"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { return h.Stats().Handled == 1 }, "the delivery handled")
+	// The janitor's ticker is the clock's one waiter.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := fc.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatalf("the janitor's ticker never waited on the injected clock: %v", err)
+	}
+	// Idle for a minute less than the timeout: a collection (here run by
+	// the test, synchronously) leaves it.
+	fc.Advance(idle - time.Minute)
+	h.collectIdle(fc.Now().Add(-idle))
+	if n := deact.Load(); n != 0 || h.Stats().Activations != 1 {
+		t.Fatalf("collected after %v idle of a %v timeout (deactivated %d, %d activations)", idle-time.Minute, idle, n, h.Stats().Activations)
+	}
+	// Past the timeout and the janitor's next tick: the janitor collects it.
+	fc.Advance(idle / 4)
+	natstest.Eventually(t, 10*time.Second, func() bool {
+		return deact.Load() == 1 && h.Stats().Activations == 0 && g.heldCount() == 0
+	}, "the activation collected by the janitor on the fake clock and its claim released")
 }
 
 // deactivatorHub accepts everything and reports its Deactivate.

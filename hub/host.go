@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/natsmesh/natsmesh/internal/clock"
 	"github.com/natsmesh/natsmesh/internal/histo"
 	"github.com/natsmesh/natsmesh/internal/meshtrace"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -113,6 +114,13 @@ type Config struct {
 	// State keeps hubs' durable state (DESIGN §7a, [LoadState]); nil means
 	// this node keeps none and LoadState fails with ErrNoStateStore.
 	State StateStore
+	// Clock is the host's time source: idle collection (IdleTimeout, the
+	// janitor's ticker), the storm breaker's windows, a turn's re-gate
+	// after a pause and the lanes' idle eviction run on it, so a test can
+	// drive them with a fake clock. Nil means the real clock. Drain's and
+	// Close's bounds and the turn-duration metric stay on the real clock
+	// (they bound or measure real time).
+	Clock clock.Clock
 }
 
 func (c *Config) validate() error {
@@ -168,6 +176,7 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	c.Clock = clock.Or(c.Clock)
 	return nil
 }
 
@@ -259,7 +268,7 @@ func New(cfg Config) (*Host, error) {
 	acceptedHdr.Set(HeaderAnswerKey, answerKey)
 	var br *breaker
 	if cfg.BreakerRate > 0 {
-		br = newBreaker(cfg.BreakerRate, time.Now)
+		br = newBreaker(cfg.BreakerRate, cfg.Clock.Now)
 	}
 	return &Host{
 		acceptedHdr:     acceptedHdr,

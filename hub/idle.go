@@ -50,7 +50,7 @@ func (h *Host) queueIdleLocked(a *activation, at time.Time) {
 // dropped (see idleQueue).
 func (h *Host) collectIdle(before time.Time) {
 	var idle []*activation
-	now := time.Now()
+	now := h.cfg.Clock.Now()
 	h.mu.Lock()
 	for len(h.idle) > 0 && h.idle[0].at.Before(before) {
 		a := heap.Pop(&h.idle).(idleEntry).a

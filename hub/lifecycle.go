@@ -92,7 +92,7 @@ func (h *Host) newActivationLocked(addr subjects.Address, f Factory, tok ClaimTo
 		delete(h.retiring, addr)
 	}
 	h.activations[addr] = a
-	h.queueIdleLocked(a, time.Now())
+	h.queueIdleLocked(a, h.cfg.Clock.Now())
 	h.wg.Add(1)
 	go a.build(f)
 	return a, nil
@@ -147,7 +147,7 @@ func (h *Host) Activate(ctx context.Context, addr subjects.Address) (release fun
 			once.Do(func() {
 				a.mu.Lock()
 				a.holds--
-				now := time.Now()
+				now := h.cfg.Clock.Now()
 				a.lastActive = now
 				free := a.holds == 0
 				a.mu.Unlock()
@@ -238,14 +238,14 @@ func (h *Host) StandDown(t ClaimToken) {
 func (h *Host) janitor() {
 	defer h.wg.Done()
 	every := max(h.cfg.IdleTimeout/4, 5*time.Millisecond)
-	t := time.NewTicker(every)
+	t := h.cfg.Clock.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-h.ctx.Done():
 			return
-		case <-t.C:
-			h.collectIdle(time.Now().Add(-h.cfg.IdleTimeout))
+		case <-t.Chan():
+			h.collectIdle(h.cfg.Clock.Now().Add(-h.cfg.IdleTimeout))
 		}
 	}
 }
@@ -311,10 +311,13 @@ func (h *Host) Drain(ctx context.Context) error {
 	wait := ctx
 	if deadline, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
+		// Real clock: ctx's deadline is real time and bounds network I/O.
 		wait, cancel = context.WithDeadline(ctx, deadline.Add(-settleReserve(time.Until(deadline))))
 		defer cancel()
 	}
 	var werr error
+	// Real clock: a poll for the host to go idle, bounded by ctx's real
+	// deadline, not a timeout of its own (a fake clock would stall it).
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for h.busy() {
@@ -408,7 +411,7 @@ func (h *Host) closeWithin(wait time.Duration, flush context.Context, keepSub bo
 	}()
 	select {
 	case <-done:
-	case <-time.After(wait):
+	case <-time.After(wait): // real clock: bounds the caller's shutdown (Drain's grace past its ctx's real deadline)
 		h.log.Error("handlers or builds ignore their cancelled ctx; abandoning them", "waited", wait.String())
 	}
 	for _, a := range all {

@@ -1,7 +1,5 @@
 package hub
 
-import "time"
-
 // ReadOnly is implemented by hubs whose kind marks some delivery types as
 // read-only (DESIGN §13): turns of those types only read the hub, so one
 // activation may run several of them at once — never beside an exclusive
@@ -66,7 +64,7 @@ func (a *activation) readTurns(hub Hub) {
 // turn runs one delivery taken from the inbox, unless the host no longer
 // serves or a failure already settled it.
 func (a *activation) turn(hub Hub, e *entry) {
-	gated := time.Now()
+	gated := a.host.cfg.Clock.Now()
 	if err := a.host.serving(); err != nil {
 		// Fenced while it waited (e.g. the process was frozen and
 		// declared gone): another node may own the address now, so

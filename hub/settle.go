@@ -105,7 +105,7 @@ const regateAfter = 10 * time.Millisecond
 // there is answered by the store's fencing (DESIGN §7a), as for a turn
 // already running.
 func (h *Host) regate(gated time.Time) error {
-	if time.Since(gated) <= regateAfter {
+	if h.cfg.Clock.Since(gated) <= regateAfter {
 		return nil
 	}
 	return h.serving()

@@ -77,7 +77,7 @@ func (j *asyncCall) finish(r Result) {
 
 // deliverAsync validates d and joins its lane with j (enqueueLane).
 func (c *Client) deliverAsync(ctx context.Context, d Delivery, j *asyncCall) {
-	j.c, j.start = c, time.Now()
+	j.c, j.start = c, time.Now() // real clock: the deadline bounds network I/O, beside ctx's
 	if c.opts.tracer != nil {
 		ctx, j.span = c.startSend(ctx, &d, false)
 	}

@@ -113,7 +113,7 @@ func (c *Client) attempts(ctx context.Context, deadline time.Time, d *Delivery, 
 				// there at once (once per delivery: two nodes naming
 				// each other back off as any refusal does).
 				redirected = true
-				if attempt <= p.MaxRetries && !c.closing.Load() && time.Now().Before(deadline) {
+				if attempt <= p.MaxRetries && !c.closing.Load() && time.Now().Before(deadline) { // real clock: a deadline
 					last = fmt.Errorf("mesh: deliver %s to %s (attempt %d, node %s): %w", d.ID, d.To, attempt, node, err)
 					continue
 				}
@@ -216,7 +216,12 @@ func (c *Client) backOff(ctx context.Context, deadline time.Time, f *flight, nod
 	if f.ev == evNone {
 		f.cancel = cancel
 		f.mu.Unlock()
-		_ = c.opts.clock.Sleep(sctx, d) // why it woke is read from the facts below
+		t := c.opts.clock.NewTimer(d)
+		select { // why it woke is read from the facts below
+		case <-t.Chan():
+		case <-sctx.Done():
+		}
+		t.Stop()
 		f.mu.Lock()
 	}
 	defer f.mu.Unlock()
@@ -335,7 +340,7 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 			return false, err
 		}
 	}
-	legTimeout := min(c.opts.legTimeout, time.Until(deadline))
+	legTimeout := min(c.opts.legTimeout, time.Until(deadline)) // real clock: bounds a NATS request
 	f.mu.Lock()
 	// Nothing has left yet: an event, a caller's deadline that passed (or
 	// its cancellation) before this point sends nothing — a leg sent after

@@ -407,7 +407,7 @@ func TestBreakerIntakeFaults(t *testing.T) {
 			base := runtime.NumGoroutine()
 			lates := &lateSet{}
 			c, err := NewClient(Config{Conn: nc, Resolver: StaticResolver{Node: n.ID()}},
-				WithWindow(w), WithLegTimeout(300*time.Millisecond), WithClock(&fakeClock{}),
+				WithWindow(w), WithLegTimeout(300*time.Millisecond), WithClock(newFakeClock()),
 				WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add), WithLogger(bkQuiet))
 			if err != nil {
 				t.Fatal(err)
@@ -472,7 +472,7 @@ func TestBreakerOverload(t *testing.T) {
 			}
 			lates := &lateSet{}
 			c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(tc.w),
-				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add), WithLogger(bkQuiet))
+				WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add), WithLogger(bkQuiet))
 			lanes := []subjects.Address{"rec/o", "rec/o", "rec/o"}
 			streams := []subjects.Stream{"a", "b", "c"}
 			depth := tc.depth
@@ -508,7 +508,7 @@ func TestBreakerEvictedLanes(t *testing.T) {
 	s := natstest.RunServer(t)
 	n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{InboxSize: streams * depth})
 	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(4), WithMaxInFlight(4096),
-		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLogger(bkQuiet))
+		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}), WithLogger(bkQuiet))
 	lanes := make([]subjects.Address, streams)
 	sts := make([]subjects.Stream, streams)
 	for i := range lanes {
@@ -551,7 +551,7 @@ func TestBreakerCallerEnds(t *testing.T) {
 			nc := natstest.Connect(t, s)
 			base := runtime.NumGoroutine()
 			c, err := NewClient(Config{Conn: nc, Resolver: StaticResolver{Node: n.ID()}}, WithWindow(w), WithLogger(bkQuiet),
-				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithMaxInFlight(tc.slots))
+				WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}), WithMaxInFlight(tc.slots))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -661,7 +661,7 @@ func TestBreakerPayloadsAndStreams(t *testing.T) {
 	s := natstest.RunServer(t, natstest.WithMaxPayload(maxPayload))
 	n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{})
 	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(8), WithLogger(bkQuiet),
-		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}))
+		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}))
 	sts := []subjects.Stream{"", "\x00", "a.b", "*", ">", " ", "=", "=3D", "é😀", subjects.Stream(strings.Repeat("\x01", 256)), "s", ""}
 	lanes := make([]subjects.Address, len(sts))
 	for i := range lanes {
@@ -756,7 +756,7 @@ func TestBreakerDepartureIsolation(t *testing.T) {
 	nb, recb := bkNamedNode(t, natstest.Connect(t, s), "bb", hub.Config{})
 	p := newFaultProxy(t, natstest.Connect(t, s), na)
 	c1 := newClient(t, natstest.Connect(t, s), splitResolver{px: p, node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet),
-		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 500}), WithLegTimeout(5*time.Second))
+		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 500}), WithLegTimeout(5*time.Second))
 	c2 := newClient(t, natstest.Connect(t, s), StaticResolver{Node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet))
 	p.client.Store(c1)
 	setView(c1, p) // before anything is sent
@@ -842,7 +842,7 @@ func TestBreakerManySenders(t *testing.T) {
 				return faultNone
 			}
 			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{Fence: faults.fence, TurnFence: func() error { return nil }})
-			opts := []Option{WithWindow(w), WithLogger(bkQuiet), WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20})}
+			opts := []Option{WithWindow(w), WithLogger(bkQuiet), WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20})}
 			shared := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, opts...)
 			const goroutines, clients, depth = 12, 6, 60
 			lanes := make([]subjects.Address, goroutines+clients)
@@ -912,7 +912,7 @@ func TestBreakerColdWindows(t *testing.T) {
 			nc := natstest.Connect(t, s)
 			mc := steadyMembership
 			n, rec := bkStartNode(t, NodeConfig{Conn: nc, Name: "cold", Membership: &mc, Host: hub.Config{ParkPerAddress: tc.park}},
-				WithWindow(8), WithLogger(bkQuiet), WithRetry(RetryPolicy{MaxRetries: 20}), WithClock(&fakeClock{}))
+				WithWindow(8), WithLogger(bkQuiet), WithRetry(RetryPolicy{MaxRetries: 20}), WithClock(newFakeClock()))
 			lanes := make([]subjects.Address, tc.addrs)
 			sts := make([]subjects.Stream, tc.addrs)
 			for i := range lanes {
@@ -953,7 +953,7 @@ func TestBreakerIdleCollection(t *testing.T) {
 			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{IdleTimeout: time.Millisecond})
 			lates := &lateSet{}
 			c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(w), WithLogger(bkQuiet),
-				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
+				WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
 			if _, err := c.Deliver(context.Background(), Delivery{To: "rec/warm"}); err != nil {
 				t.Fatal(err) // the client learns the node's answer key
 			}
@@ -1001,7 +1001,7 @@ func TestBreakerLinkChaos(t *testing.T) {
 			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{Fence: faults.fence, TurnFence: func() error { return nil }})
 			nc := natstest.Connect(t, s, nats.ReconnectWait(5*time.Millisecond), nats.MaxReconnects(-1))
 			c := newClient(t, nc, StaticResolver{Node: n.ID()}, WithWindow(w), WithLogger(bkQuiet),
-				WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 200}))
+				WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 200}))
 			if _, err := c.Deliver(context.Background(), Delivery{To: "rec/warm"}); err != nil {
 				t.Fatal(err)
 			}
@@ -1054,7 +1054,7 @@ func TestBreakerDuplicateIDs(t *testing.T) {
 	s := natstest.RunServer(t)
 	n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{})
 	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(8), WithLogger(bkQuiet),
-		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}))
+		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}))
 	const addr = subjects.Address("rec/dup")
 	type dcall struct {
 		id    string
@@ -1171,7 +1171,7 @@ func TestBreakerHotLane(t *testing.T) {
 			s := natstest.RunServer(t)
 			n, rec := bkNode(t, natstest.Connect(t, s), hub.Config{})
 			nc := natstest.Connect(t, s, nats.ReconnectWait(5*time.Millisecond), nats.MaxReconnects(-1))
-			c := newClient(t, nc, StaticResolver{Node: n.ID()}, WithLogger(bkQuiet), WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 200}))
+			c := newClient(t, nc, StaticResolver{Node: n.ID()}, WithLogger(bkQuiet), WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 200}))
 			stop := make(chan struct{})
 			drops := make(chan int, 1)
 			go func() {
@@ -1242,7 +1242,7 @@ func TestBreakerSlowFailingBuilds(t *testing.T) {
 	}
 	lates := &lateSet{}
 	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithWindow(16), WithLogger(bkQuiet), WithLegTimeout(300*time.Millisecond),
-		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
+		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
 	if _, err := c.Deliver(context.Background(), Delivery{To: "rec/warm"}); err != nil {
 		t.Fatal(err) // the client learns the node's answer key
 	}

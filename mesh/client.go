@@ -205,6 +205,11 @@ func (c *Client) watchLink() {
 // Identity returns the client's sender identity.
 func (c *Client) Identity() subjects.NodeID { return c.id.Load().node }
 
+// Clock returns the clock the client's timers run on (WithClock; the real
+// clock by default); on a node, the node's one clock. Safe for concurrent
+// use.
+func (c *Client) Clock() Clock { return c.opts.clock }
+
 // identity is a client's identity with its answer subject.
 type identity struct {
 	node     subjects.NodeID
@@ -240,6 +245,8 @@ func (c *Client) bindIdentity(node subjects.NodeID) error {
 		c.retiring = map[*nats.Subscription]*time.Timer{}
 	}
 	for _, old := range c.answerSubs {
+		// Real clock: it waits out the real deadlines of requests that may
+		// still be answered on the old subscription.
 		c.retiring[old] = time.AfterFunc(c.opts.requestTimeout+c.opts.legTimeout, func() {
 			c.idMu.Lock()
 			_, mine := c.retiring[old] // Close may have ended it first
@@ -287,7 +294,7 @@ func (c *Client) deliver(ctx context.Context, d *Delivery, f *flight) (Receipt, 
 // deliverBy is deliver bounded by deadline; zero means ctx's deadline, or
 // the request timeout from now (see run).
 func (c *Client) deliverBy(ctx context.Context, deadline time.Time, d *Delivery, f *flight) (Receipt, error) {
-	start := time.Now()
+	start := time.Now() // real clock: the deadline bounds network I/O, beside ctx's
 	key, t, err := c.begin(d, f == nil)
 	if err != nil {
 		return Receipt{ID: d.ID}, err

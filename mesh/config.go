@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/natsmesh/natsmesh/internal/clock"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -34,7 +35,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: Resolver is nil", ErrInvalidConfig)
 	}
 	if c.Identity.IsZero() {
-		c.Identity = subjects.NodeID{Name: "client-" + nuidShort(), Generation: uint64(time.Now().UnixNano())}
+		c.Identity = subjects.NodeID{Name: "client-" + nuidShort(), Generation: uint64(time.Now().UnixNano())} // real clock: on the wire
 	}
 	if err := c.Identity.Validate(); err != nil {
 		return fmt.Errorf("%w: Identity: %w", ErrInvalidConfig, err)
@@ -99,7 +100,7 @@ func defaultOptions() options {
 		requestTimeout:      DefaultRequestTimeout,
 		placementWait:       DefaultPlacementWait,
 		retry:               DefaultRetryPolicy,
-		clock:               SystemClock{},
+		clock:               clock.Real(),
 		logger:              slog.Default(),
 	}
 }
@@ -194,13 +195,14 @@ func WithRetry(p RetryPolicy) Option {
 	}
 }
 
-// WithClock injects the clock of the retry ladder.
+// WithClock sets the clock the client's timers run on (see [Clock]): the
+// retry ladder's back-offs and placement wait, a re-sent Request's waits.
+// Given to [NewNode], it is the node's one clock, threaded to its hub host,
+// membership, directory, reminder runner and sync streams too. Nil (the
+// default) means the real clock. Deadlines stay on the real clock.
 func WithClock(c Clock) Option {
 	return func(o *options) error {
-		if c == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
-		}
-		o.clock = c
+		o.clock = clock.Or(c)
 		return nil
 	}
 }

@@ -53,7 +53,7 @@ type controlEndpoint struct {
 // ServiceName on nc; safe says which reply subjects may be answered.
 func newControlService(nc *nats.Conn, safe func(string) bool, version, desc string, meta map[string]string) (*controlService, error) {
 	s := &controlService{
-		nc: nc, safe: safe, desc: desc, started: time.Now().UTC(),
+		nc: nc, safe: safe, desc: desc, started: time.Now().UTC(), // real clock: on the wire
 		id: micro.ServiceIdentity{Name: ServiceName, ID: nuid.Next(), Version: version, Metadata: maps.Clone(meta)},
 	}
 	verbs := []struct {
@@ -126,7 +126,7 @@ func (s *controlService) addEndpoint(name, subject string, handle func(data []by
 	s.endpoints = append(s.endpoints, e)
 	s.mu.Unlock()
 	return s.subscribe(subject, func(m *nats.Msg) {
-		start := time.Now()
+		start := time.Now() // real clock: processing-time metric
 		v, err := e.handle(m.Data)
 		var b []byte
 		if err == nil {

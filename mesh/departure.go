@@ -210,6 +210,8 @@ func (f *flight) recordLocked(ev event, how string) {
 	if ev == evLinkDrop && f.phase == phaseWaiting {
 		return // nothing of it is in flight: it is sent after the reconnect
 	}
+	// Real clock: evAt is compared with a leg timer's fire time and a
+	// context's deadline, which are real.
 	f.ev, f.evText, f.evAt = ev, how, time.Now()
 	f.wakeLocked()
 	if f.cancel != nil {

@@ -43,7 +43,7 @@ func TestStarvedIntakeTimesOutOnce(t *testing.T) {
 	if err := slowConn.Flush(); err != nil { // the subscription is in place
 		t.Fatal(err)
 	}
-	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithLegTimeout(legTimeout), WithClock(&fakeClock{}))
+	c := newClient(t, natstest.Connect(t, s), StaticResolver{Node: n.ID()}, WithLegTimeout(legTimeout), WithClock(newFakeClock()))
 	start := time.Now()
 	r, err := c.Deliver(context.Background(), Delivery{To: "rec/x"})
 	elapsed := time.Since(start)

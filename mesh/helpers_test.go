@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
@@ -76,35 +77,49 @@ func testNode(t *testing.T, s *server.Server, name string, opts ...Option) (*Nod
 	return n, rec
 }
 
-// fakeClock records every back-off and returns at once (virtual time). If
-// gate is set, Sleep blocks until it is closed.
+// fakeClock is clockwork's fake clock whose timers (the retry ladder's
+// back-offs) are recorded and fire at once, the clock advanced by their
+// duration (virtual time), as do its After channels (a re-sent Request's
+// waits). A gated one (newGatedClock) holds them until open, which then
+// fires them and every later one at once.
 type fakeClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	sleeps []time.Duration
-	gate   chan struct{}
+	*clockwork.FakeClock
+	mu      sync.Mutex
+	sleeps  []time.Duration
+	instant bool
 }
 
-func (f *fakeClock) Now() time.Time {
+func newFakeClock() *fakeClock { return &fakeClock{FakeClock: clockwork.NewFakeClock(), instant: true} }
+
+func newGatedClock() *fakeClock { return &fakeClock{FakeClock: clockwork.NewFakeClock()} }
+
+func (f *fakeClock) NewTimer(d time.Duration) clockwork.Timer {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.now
+	f.sleeps = append(f.sleeps, d)
+	t := f.FakeClock.NewTimer(d)
+	if f.instant {
+		f.FakeClock.Advance(d)
+	}
+	return t
 }
 
-func (f *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
+func (f *fakeClock) After(d time.Duration) <-chan time.Time {
 	f.mu.Lock()
-	f.sleeps = append(f.sleeps, d)
-	f.now = f.now.Add(d)
-	gate := f.gate
-	f.mu.Unlock()
-	if gate != nil {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	defer f.mu.Unlock()
+	ch := f.FakeClock.After(d)
+	if f.instant {
+		f.FakeClock.Advance(d)
 	}
-	return ctx.Err()
+	return ch
+}
+
+// open fires every held timer and makes later ones fire at once.
+func (f *fakeClock) open() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.instant = true
+	f.FakeClock.Advance(24 * time.Hour)
 }
 
 func (f *fakeClock) recorded() []time.Duration {

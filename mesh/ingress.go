@@ -3,7 +3,6 @@ package mesh
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
@@ -115,7 +114,7 @@ func (n *Node) ingress(m *nats.Msg) {
 		n.answerIngress(m, "", "", verdict.New(verdict.ReasonBadRequest, "header %s given more than once: one identity per request", HeaderRequestInfo), nil)
 		return
 	}
-	if n.rates != nil && !n.rates.allow(caller, time.Now()) {
+	if n.rates != nil && !n.rates.allow(caller, n.Clock().Now()) {
 		n.ingressRateLimited.Add(1)
 		n.callerCounts.add(caller, func(c *IngressCaller) { c.RateLimited++ })
 		n.answerIngress(m, m.Header.Get(hub.HeaderID), "", verdict.New(verdict.ReasonStormBreaker, "ingress of node %s: this caller is over its rate of %g deliveries/s", n.ID(), n.rates.rate), nil)

@@ -46,7 +46,7 @@ func TestOrderWithRefusals(t *testing.T) {
 	// Every refusal makes the deliveries behind it in the window be
 	// refused out of order and sent again: 12 800 deliveries queued at once
 	// need more than the default 30 s on a loaded machine under -race.
-	c := newClient(t, natstest.Connect(t, s), res, WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 50}), WithRequestTimeout(5*time.Minute))
+	c := newClient(t, natstest.Connect(t, s), res, WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 50}), WithRequestTimeout(5*time.Minute))
 
 	ctx := context.Background()
 	results := make([][]<-chan Result, streams)
@@ -111,7 +111,7 @@ func TestRetryHoldsLane(t *testing.T) {
 	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
-	clock := &fakeClock{gate: make(chan struct{})}
+	clock := newGatedClock()
 	var mu sync.Mutex
 	refuse := true
 	// The held lane's owner is a departed generation until the test says.
@@ -150,7 +150,7 @@ func TestRetryHoldsLane(t *testing.T) {
 	mu.Lock()
 	refuse = false
 	mu.Unlock()
-	close(clock.gate)
+	clock.open()
 	if r := <-first; r.Err != nil || r.Attempts != 2 {
 		t.Fatalf("first: %+v", r)
 	}

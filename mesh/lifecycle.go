@@ -100,7 +100,7 @@ func (n *Node) drain(ctx context.Context) error {
 		_ = n.conn.FlushTimeout(answersGrace)
 		select {
 		case <-ctx.Done():
-		case <-time.After(answersGrace):
+		case <-time.After(answersGrace): // real clock: bounds the caller's shutdown, beside a network flush
 		}
 		lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 		defer lcancel()

@@ -36,6 +36,7 @@ func (c *Client) MoveConnection(ctx context.Context) error {
 		close(gate)
 	}()
 	quiet := func() bool { return c.inFlight.Load() == 0 && c.awaiting() == 0 }
+	// Real clock, as below: polls for a condition, bounded by ctx.
 	for !quiet() && ctx.Err() == nil && !c.closing.Load() {
 		select {
 		case <-ctx.Done():
@@ -67,7 +68,7 @@ func (c *Client) awaitMove(ctx context.Context, deadline time.Time) error {
 	if gate == nil {
 		return nil
 	}
-	t := time.NewTimer(time.Until(deadline))
+	t := time.NewTimer(time.Until(deadline)) // real clock: a deadline
 	defer t.Stop()
 	select {
 	case <-*gate:

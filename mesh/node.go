@@ -45,7 +45,7 @@ type NodeConfig struct {
 	Resolver Resolver
 	// Host tunes the receiving side (inbox size, dedupe window, idle
 	// timeout, claims); its Conn, Node, Prefix and Logger are set by the
-	// Node.
+	// Node, and a nil Clock is the node's (WithClock).
 	Host hub.Config
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
@@ -243,14 +243,16 @@ type Node struct {
 }
 
 // NewNode validates cfg and builds a node; register hub kinds with
-// [Node.Register], then call [Node.Start]. opts tune the sending side.
+// [Node.Register], then call [Node.Start]. opts tune the sending side;
+// WithClock among them is the node's one clock (hub host, membership,
+// directory, state store, reminder runner, sync streams: see [Clock]).
 // Errors match [ErrInvalidConfig] or hub.ErrInvalidConfig.
 func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	if cfg.Conn == nil {
 		return nil, fmt.Errorf("%w: Conn is nil", ErrInvalidConfig)
 	}
 	if cfg.Generation == 0 {
-		cfg.Generation = uint64(time.Now().UnixNano())
+		cfg.Generation = uint64(time.Now().UnixNano()) // real clock: a generation is on the wire and in the registry
 	}
 	id := subjects.NodeID{Name: cfg.Name, Generation: cfg.Generation}
 	if err := id.Validate(); err != nil {
@@ -282,7 +284,7 @@ func NewNode(cfg NodeConfig, opts ...Option) (*Node, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{
 		cfg: cfg, conn: cfg.Conn, prefix: cfg.Prefix, opts: opts, tracer: meshtrace.Tracer(cfg.TracerProvider),
-		log: cfg.Logger.With("node", cfg.Name), started: time.Now(),
+		log: cfg.Logger.With("node", cfg.Name), started: time.Now(), // real clock: reported on the control API
 		ingressPool:   newFairPool(cfg.IngressConcurrency, cfg.IngressCallerShare),
 		rates:         newCallerRates(cfg.IngressCallerRate, cfg.IngressCallerBurst),
 		placementPool: newFairPool(cfg.IngressPlacementWaits, cfg.IngressPlacementWaits/DefaultIngressCallerShareDivisor),
@@ -525,6 +527,9 @@ func (n *Node) newHost(id subjects.NodeID, claims hub.Claims, fence, turnFence f
 	hc.Conn, hc.Node, hc.Prefix, hc.Logger = n.conn, id, n.prefix, n.cfg.Logger
 	if hc.TracerProvider == nil {
 		hc.TracerProvider = n.cfg.TracerProvider
+	}
+	if hc.Clock == nil {
+		hc.Clock = n.Clock() // the node's one clock (WithClock)
 	}
 	n.mu.RLock()
 	if hc.State == nil && n.state != nil {

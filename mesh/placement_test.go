@@ -28,7 +28,7 @@ func TestNoPlacementWait(t *testing.T) {
 		{DefaultPlacementWait, 0}, // 0: count not fixed by jitter; checked by total
 		{5 * time.Second, 0},
 	} {
-		clock := &fakeClock{}
+		clock := newFakeClock()
 		var resolves atomic.Int32
 		res := ResolverFunc(func(context.Context, subjects.Address) (subjects.NodeID, error) {
 			resolves.Add(1)
@@ -64,7 +64,7 @@ func TestNoPlacementThenJoin(t *testing.T) {
 	nc := natstest.Connect(t, s)
 	n, _ := testNode(t, s, "a")
 	id := n.ID()
-	clock := &fakeClock{}
+	clock := newFakeClock()
 	var resolves atomic.Int32
 	res := ResolverFunc(func(context.Context, subjects.Address) (subjects.NodeID, error) {
 		if resolves.Add(1) < 3 {

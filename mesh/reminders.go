@@ -132,7 +132,7 @@ func (n *Node) startReminders(ctx context.Context) error {
 	// a route cut had just healed).
 	var r *reminders.Runner
 	err := membership.RetryEach(ctx, n.cfg.Logger, "create the reminder consumer "+reminders.ConsumerName, func(ctx context.Context) (err error) {
-		r, err = st.Run(ctx, reminders.RunConfig{Deliver: n.deliverFire, AckWait: n.cfg.Membership.ReminderAckWait})
+		r, err = st.Run(ctx, reminders.RunConfig{Deliver: n.deliverFire, AckWait: n.cfg.Membership.ReminderAckWait, Clock: n.Clock()})
 		return err
 	})
 	if err != nil {

@@ -70,7 +70,7 @@ func (r *legReplies) register() *legWait {
 	r.next++
 	token := r.next
 	r.mu.Unlock()
-	t := time.NewTimer(time.Hour)
+	t := time.NewTimer(time.Hour) // real clock: a leg's timeout bounds a NATS request
 	t.Stop()
 	var buf [96]byte
 	w := &legWait{token: token, ch: make(chan *nats.Msg, 1), timer: t,

@@ -70,7 +70,7 @@ func (c *Client) Request(ctx context.Context, d Delivery) (Response, error) {
 // lane, slot and legs in run, the response in awaitResponse), not by
 // wrapping ctx: no context and timer per Request on the fast path.
 func (c *Client) requestCounted(ctx context.Context, d *Delivery) (Response, error) {
-	start := time.Now()
+	start := time.Now() // real clock: the deadline bounds network I/O, beside ctx's
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = start.Add(c.opts.requestTimeout)
@@ -133,6 +133,7 @@ func (c *Client) request(ctx context.Context, deadline time.Time, d *Delivery) (
 // (a lane's turn, an in-flight slot, a response) instead of a context per
 // wait. Go 1.23 timer semantics: a stopped timer delivers no stale tick
 // after Reset.
+// They are on the real clock, as the deadlines they wait for.
 var deadlineTimers = sync.Pool{New: func() any {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
@@ -475,7 +476,7 @@ func (c *Client) resendAwaited(ctx context.Context, d *Delivery, f *flight, node
 			return nil // a timeout: the response may still come
 		}
 		select { // not back on its subject yet
-		case <-time.After(wait):
+		case <-c.opts.clock.After(wait):
 		case <-wake:
 			return nil
 		case <-ctx.Done():
@@ -501,7 +502,7 @@ func (c *Client) resendLeg(ctx context.Context, d *Delivery, f *flight, node sub
 		return nil, ctx.Err()
 	}
 	defer func() { <-c.sem }()
-	legEnd := time.Now().Add(c.opts.legTimeout)
+	legEnd := time.Now().Add(c.opts.legTimeout) // real clock: bounds a NATS request
 	if dl, ok := ctx.Deadline(); ok && dl.Before(legEnd) {
 		legEnd = dl
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
@@ -21,7 +22,7 @@ func TestNoRespondersLadder(t *testing.T) {
 	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
-	clock := &fakeClock{}
+	clock := newFakeClock()
 	res := &countingResolver{fn: func(int, subjects.Address) subjects.NodeID { return ghost }}
 	c := newClient(t, nc, res, WithClock(clock))
 	r, err := c.Deliver(context.Background(), Delivery{To: "rec/x"})
@@ -61,7 +62,7 @@ func TestLadderRecoversOnReResolve(t *testing.T) {
 	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
-	clock := &fakeClock{}
+	clock := newFakeClock()
 	res := &countingResolver{fn: func(call int, _ subjects.Address) subjects.NodeID {
 		if call < 3 {
 			return ghost
@@ -88,7 +89,7 @@ func TestClosingStopsLadder(t *testing.T) {
 	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
-	clock := &fakeClock{gate: make(chan struct{})}
+	clock := newGatedClock()
 	res := &countingResolver{fn: func(int, subjects.Address) subjects.NodeID { return ghost }}
 	c, err := NewClient(Config{Conn: nc, Resolver: res}, WithClock(clock))
 	if err != nil {
@@ -102,4 +103,38 @@ func TestClosingStopsLadder(t *testing.T) {
 		t.Fatalf("result %+v; want ErrClosing after 1 attempt", res2)
 	}
 	<-c.Closed()
+}
+
+// TestLadderBacksOffOnInjectedClock: the retry ladder's back-offs are timers
+// of the client's clock (WithClock), here clockwork's fake clock left alone
+// by the test but for its Advance: an hour-long back-off holds the delivery
+// (its attempt waits on the clock) until the clock is advanced past it, and
+// the whole ladder of hour-long back-offs ends in virtual time.
+func TestLadderBacksOffOnInjectedClock(t *testing.T) {
+	s := natstest.RunServer(t)
+	fc := clockwork.NewFakeClock()
+	res := &countingResolver{fn: func(int, subjects.Address) subjects.NodeID { return ghost }}
+	c := newClient(t, natstest.Connect(t, s), res, WithClock(fc),
+		WithRetry(RetryPolicy{MaxRetries: 3, Initial: time.Hour, Max: time.Hour, Multiplier: 1, Jitter: 0.01}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch := c.DeliverAsync(ctx, Delivery{To: "rec/x"})
+	for i := 1; i <= 3; i++ {
+		if err := fc.BlockUntilContext(ctx, 1); err != nil {
+			t.Fatalf("back-off %d never waited on the injected clock: %v", i, err)
+		}
+		select {
+		case r := <-ch:
+			t.Fatalf("back-off %d: the delivery ended before the clock was advanced: %+v %v", i, r.Receipt, r.Err)
+		default:
+		}
+		if n := c.backingOff(); n != 1 {
+			t.Fatalf("back-off %d: %d flights backing off, want 1", i, n)
+		}
+		fc.Advance(2 * time.Hour) // past the back-off and its jitter
+	}
+	r := <-ch
+	if !errors.Is(r.Err, nats.ErrNoResponders) || r.Attempts != 4 {
+		t.Fatalf("%+v %v; want the whole ladder (4 attempts), no responders", r.Receipt, r.Err)
+	}
 }

@@ -140,7 +140,7 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 	}
 	inc.announced = n.kindNames()
 	m, err := membership.Join(ctx, membership.Config{
-		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: inc.announced, Version: Version,
+		Conn: n.conn, Prefix: n.prefix, Name: n.cfg.Name, Kinds: inc.announced, Version: Version, Clock: n.Clock(),
 		Heartbeat: mc.Heartbeat, TTL: mc.TTL, FencingDelay: mc.FencingDelay, Replicas: mc.Replicas, PlacementCluster: mc.PlacementCluster,
 		// A rejoin supersedes only this process's own lost generation
 		// (Rejoin): a newer generation of the name that heartbeats is a
@@ -188,7 +188,7 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 	inc.members = m
 	dir, err := directory.Open(ctx, directory.Config{
 		Conn: n.conn, Members: m, Prefix: n.prefix, Replicas: mc.Replicas, PlacementCluster: mc.PlacementCluster, VerifyInterval: mc.VerifyInterval,
-		Logger: n.cfg.Logger,
+		Logger: n.cfg.Logger, Clock: n.Clock(),
 		OnLost: func(t hub.ClaimToken) {
 			if h := inc.host; h != nil {
 				h.StandDown(t) // the activation holding t only; never waits on its turn
@@ -236,7 +236,7 @@ func (n *Node) openState(ctx context.Context) error {
 	}
 	var st *hubstate.Store
 	err := membership.RetryEach(ctx, n.cfg.Logger, "bind the durable state bucket "+hubstate.BucketName(n.prefix), func(ctx context.Context) (err error) {
-		st, err = hubstate.Open(ctx, hubstate.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, PlacementCluster: mc.PlacementCluster, MaxValueSize: mc.StateMaxValueSize, Logger: n.cfg.Logger})
+		st, err = hubstate.Open(ctx, hubstate.Config{Conn: n.conn, Prefix: n.prefix, Replicas: replicas, PlacementCluster: mc.PlacementCluster, MaxValueSize: mc.StateMaxValueSize, Logger: n.cfg.Logger, Clock: n.Clock()})
 		return err
 	})
 	if err != nil {
@@ -345,7 +345,7 @@ func (n *Node) fencing() {
 			select {
 			case <-n.ctx.Done():
 				return
-			case <-time.After(time.Second):
+			case <-n.Clock().After(time.Second):
 			}
 		}
 	}

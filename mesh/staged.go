@@ -52,7 +52,7 @@ func (c *Client) publishStagedLocked(l *lane, t *laneTicket) bool {
 	}
 	f := s.f
 	f.mu.Lock()
-	legTimeout := min(c.opts.legTimeout, time.Until(s.deadline))
+	legTimeout := min(c.opts.legTimeout, time.Until(s.deadline)) // real clock: bounds a NATS request
 	if legTimeout <= 0 || s.ctx.Err() != nil || f.causeLocked() != nil {
 		f.mu.Unlock()
 		<-c.sem

@@ -83,7 +83,7 @@ func TestStagedWaitersDoNotPayForDepartures(t *testing.T) {
 			if staged {
 				res = cachedMovingResolver{mr}
 			}
-			c := newClient(t, natstest.Connect(t, s), res, WithWindow(1), WithClock(&fakeClock{}),
+			c := newClient(t, natstest.Connect(t, s), res, WithWindow(1), WithClock(newFakeClock()),
 				WithRetry(RetryPolicy{MaxRetries: 2}), WithLegTimeout(time.Minute), WithRequestTimeout(2*time.Minute))
 			setView(c, mr)
 			const waiters = 10

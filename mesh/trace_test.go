@@ -246,7 +246,7 @@ func TestTraceRetries(t *testing.T) {
 			}
 			return n.ID()
 		}}
-		c := newClient(t, natstest.Connect(t, s), res, WithTracerProvider(tr.tp), WithClock(&fakeClock{}))
+		c := newClient(t, natstest.Connect(t, s), res, WithTracerProvider(tr.tp), WithClock(newFakeClock()))
 		ctx, root := tr.tp.Tracer("app").Start(context.Background(), "caller")
 		r, err := c.Deliver(ctx, Delivery{To: "rec/r", Payload: []byte("x")})
 		root.End()

@@ -80,7 +80,7 @@ func (c *Client) unsentFactsOf(ctx context.Context, deadline time.Time, event er
 	// The deadline is a wall-clock instant (the caller's context's, or
 	// one computed from time.Now): compared with the wall clock, not the
 	// retry ladder's injectable one.
-	fx.deadline = !deadline.IsZero() && !time.Now().Before(deadline)
+	fx.deadline = !deadline.IsZero() && !time.Now().Before(deadline) // real clock: see above
 	return fx
 }
 

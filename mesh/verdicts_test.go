@@ -311,7 +311,7 @@ func TestBackoffDeparture(t *testing.T) {
 		}
 		return surv.ID()
 	})
-	clock := &fakeClock{gate: make(chan struct{})} // back-offs last until their ctx ends
+	clock := newGatedClock() // back-offs last until their ctx ends
 	c := newClient(t, natstest.Connect(t, s), res, WithClock(clock))
 	inBackoff := 0
 	for rep := range reps(t, 200) {
@@ -662,7 +662,7 @@ func TestRepeatedDepartureNoticeKeepsLadder(t *testing.T) {
 	s := natstest.RunServer(t)
 	x := subjects.NodeID{Name: "x", Generation: 1} // nobody subscribes: no responders
 	res := newRouteResolver(func(subjects.Address, int) subjects.NodeID { return x })
-	clock := &fakeClock{gate: make(chan struct{})} // back-offs last until the gate opens
+	clock := newGatedClock() // back-offs last until the gate opens
 	c := newClient(t, natstest.Connect(t, s), res, WithClock(clock))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -684,7 +684,7 @@ func TestRepeatedDepartureNoticeKeepsLadder(t *testing.T) {
 	if n := sleeps(); n != 2 {
 		t.Fatalf("%d back-offs after repeated notices of one departure, want 2", n)
 	}
-	close(clock.gate)
+	clock.open()
 	r := <-ch
 	if !errors.Is(r.Err, verdict.ErrDeparted) || !verdict.IsResendable(r.Err) || r.Attempts != 7 {
 		t.Fatalf("%+v %v; want the whole ladder (7 attempts), departed", r.Receipt, r.Err)

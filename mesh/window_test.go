@@ -326,7 +326,7 @@ func windowFaults(t *testing.T, staged, callers bool) {
 		res = cachedFaultProxy{p}
 	}
 	c := newClient(t, natstest.Connect(t, s), res, WithWindow(window), WithLegTimeout(300*time.Millisecond),
-		WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
+		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
 	p.client.Store(c)
 	setView(c, p) // before anything is sent
 	const addr = subjects.Address("rec/win")
@@ -415,7 +415,7 @@ func TestWindowPipelined(t *testing.T) {
 	n, rec := testNode(t, s, "a")
 	nc := natstest.Connect(t, s, nats.ReconnectWait(5*time.Millisecond), nats.MaxReconnects(-1))
 	lates := &lateSet{}
-	c := newClient(t, nc, StaticResolver{Node: n.ID()}, WithClock(&fakeClock{}), WithRetry(RetryPolicy{MaxRetries: 50}),
+	c := newClient(t, nc, StaticResolver{Node: n.ID()}, WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 50}),
 		WithLateVerdicts(lates.add))
 	const addr = subjects.Address("rec/pipe")
 	// One delivery first: the client learns the node's answer key from its

@@ -208,6 +208,7 @@ func NewOwner(sender *mesh.Client, self subjects.Address, snapshot func(subjects
 	if log == nil {
 		log = slog.Default()
 	}
+	// Real clock: the epoch is on the wire, ordered across activations.
 	return &Owner{
 		sender: sender, self: self, epoch: uint64(time.Now().UnixNano()), snapshot: snapshot, log: log,
 		streams: map[subjects.Stream]*streamState{}, callers: map[string]int{},
@@ -500,7 +501,7 @@ func (o *Owner) tellDropped(ob *outbox, epoch uint64) {
 		case verdict.Classify(err) != verdict.Ignored && !timedOut(err):
 			return // unreachable or refused for good
 		}
-		time.Sleep(wait)
+		o.sender.Clock().Sleep(wait)
 		wait = min(2*wait, 5*time.Second)
 	}
 	o.log.Warn("sync-stream subscriber dropped and not told: it refused every notice", "owner", string(o.self), "subscriber", string(ob.sub), "stream", string(ob.stream))

@@ -367,7 +367,7 @@ func (s *Subscription) run(first chan<- error) {
 		select {
 		case <-s.stop:
 			return
-		case <-time.After(wait):
+		case <-s.node.Clock().After(wait):
 		}
 		s.resubscribes.Add(1)
 	}
@@ -382,7 +382,7 @@ const OwnerCheckInterval = time.Second
 // await waits until recovery is needed (true) or the subscription stops
 // (false).
 func (s *Subscription) await() bool {
-	t := time.NewTicker(OwnerCheckInterval)
+	t := s.node.Clock().NewTicker(OwnerCheckInterval)
 	defer t.Stop()
 	s.mu.Lock()
 	sessDone := s.sessDone
@@ -402,7 +402,7 @@ func (s *Subscription) await() bool {
 			return true // the next attempt fails terminally (the client is closed)
 		case <-sessDone:
 			return true // the node rejoined under a new generation: re-arm there (run)
-		case <-t.C:
+		case <-t.Chan():
 			s.mu.Lock()
 			owner := s.ownerNode
 			s.mu.Unlock()

@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/clock"
 	"github.com/natsmesh/natsmesh/internal/plant"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
@@ -106,6 +107,11 @@ type Config struct {
 	OnLost func(t hub.ClaimToken)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Clock times the takeover waits (a departed owner's fencing delay,
+	// read on the same clock as Members) and the VerifyInterval ticker;
+	// nil means the real clock. A claim's Claimed time, written to the
+	// bucket, is the real clock's.
+	Clock clock.Clock
 }
 
 // BucketName returns the directory bucket of a prefix.
@@ -205,6 +211,7 @@ func Open(ctx context.Context, cfg Config) (*Directory, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.VerifyInterval <= 0 {
 		cfg.VerifyInterval = DefaultVerifyInterval
 	}
@@ -326,7 +333,7 @@ type held struct {
 // ctx; it blocks on KV round trips.
 func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (hub.Grant, error) {
 	self := d.self()
-	b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
+	b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()}) // real clock: written to the bucket
 	for range 8 {
 		rev, err := d.kv.Create(ctx, key(addr), b)
 		if err == nil {
@@ -367,17 +374,18 @@ func (d *Directory) Claim(ctx context.Context, addr subjects.Address) (hub.Grant
 		// healthy directory as unavailable (issue 24: a read 10.1 s after
 		// an owner's SIGKILL failed "directory-unavailable … context
 		// deadline exceeded").
-		if wait := time.Until(d.takeoverAt(c.Owner)); wait > 0 {
+		if wait := d.cfg.Clock.Until(d.takeoverAt(c.Owner)); wait > 0 {
+			// Real clock: ctx's deadline is real time.
 			if dl, ok := ctx.Deadline(); ok && time.Now().Add(wait+ClaimWorkReserve).After(dl) {
 				return hub.Grant{}, &verdict.Error{Reason: verdict.ReasonDeparted,
 					Message: fmt.Sprintf("claim %s: its owner %s is gone and its fencing delay has %v to run before the address is taken over", addr, c.Owner, wait.Round(time.Millisecond))}
 			}
-			t := time.NewTimer(wait)
+			t := d.cfg.Clock.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
 				return hub.Grant{}, fmt.Errorf("directory: claim %s: owner %s is not alive and is within its fencing delay: %w", addr, c.Owner, ctx.Err())
-			case <-t.C:
+			case <-t.Chan():
 			}
 			continue // read again: it may have been claimed, or joined, meanwhile
 		}
@@ -406,7 +414,7 @@ func (d *Directory) takeoverAt(owner subjects.NodeID) time.Time {
 	if d.members.Known(owner) {
 		return d.members.TakeoverAt(owner)
 	}
-	now := time.Now()
+	now := d.cfg.Clock.Now()
 	d.mu.Lock()
 	first, ok := d.unknown[owner]
 	if !ok {
@@ -460,7 +468,7 @@ func (d *Directory) Release(t hub.ClaimToken) {
 		// collection released one activation after another, each behind
 		// the KV round trips of those before it): a next delivery's claim
 		// lands first, and the release by address deletes it.
-		time.Sleep(plant.ReleaseDelay)
+		d.cfg.Clock.Sleep(plant.ReleaseDelay)
 	}
 	d.mu.Lock()
 	h, ok := d.owned[t.Addr]

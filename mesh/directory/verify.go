@@ -38,7 +38,7 @@ import (
 //     for the next).
 func (d *Directory) verifier() {
 	defer d.wg.Done()
-	t := time.NewTicker(d.cfg.VerifyInterval)
+	t := d.cfg.Clock.NewTicker(d.cfg.VerifyInterval)
 	defer t.Stop()
 	var w jetstream.KeyWatcher
 	var updates <-chan jetstream.KeyValueEntry
@@ -80,7 +80,7 @@ func (d *Directory) verifier() {
 		case <-d.departure:
 			d.pruneDead()
 			continue
-		case <-t.C:
+		case <-t.Chan():
 			if d.streamChanged() {
 				full = true
 			}
@@ -466,7 +466,7 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 		d.staleReads.Add(1)
 	case cur == 0:
 		// Lost (e.g. the bucket was lost): re-claim.
-		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
+		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()}) // real clock: written to the bucket
 		if nrev, err := d.kv.Create(ctx, key(addr), b); err == nil {
 			if !d.rewrote(o, nrev) {
 				// Released meanwhile: the entry just written is
@@ -494,7 +494,7 @@ func (d *Directory) check(ctx context.Context, o ownedClaim, c Claim, cur uint64
 		n := d.foreign.Add(1)
 		d.log.Warn("own claim overwritten by an unreadable entry; re-writing it (SECURITY.md: give other clients no write access to the directory)",
 			"address", string(addr), "revision", cur, "overwritten_total", n)
-		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()})
+		b, _ := json.Marshal(Claim{Owner: self, Claimed: time.Now().UTC()}) // real clock: written to the bucket
 		if nrev, err := d.kv.Update(ctx, key(addr), b, cur); err == nil {
 			if !d.rewrote(o, nrev) {
 				_ = d.remove(ctx, addr, nrev)

@@ -35,6 +35,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/hub"
+	"github.com/natsmesh/natsmesh/internal/clock"
 	"github.com/natsmesh/natsmesh/internal/plant"
 	"github.com/natsmesh/natsmesh/subjects"
 )
@@ -89,6 +90,9 @@ type Config struct {
 	// Logger receives the warning that an existing bucket's replicas
 	// differ from Replicas; nil means slog.Default().
 	Logger *slog.Logger
+	// Clock times the pauses between retries of a read or a write (50 ms
+	// each, bounded by the operation's ctx); nil means the real clock.
+	Clock clock.Clock
 }
 
 // BucketName returns the state bucket of a prefix.
@@ -112,6 +116,7 @@ type Store struct {
 	pre      string           // the bucket's subject prefix, "$KV.<bucket>."
 	max      int
 	replicas int
+	clock    clock.Clock
 }
 
 var _ hub.StateStore = (*Store)(nil)
@@ -192,7 +197,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hubstate: bucket %s: %w", kcfg.Bucket, err)
 	}
-	return &Store{kv: kv, js: js, stream: stream, name: stream.CachedInfo().Config.Name, api: apiPrefix(js), pre: "$KV." + kcfg.Bucket + ".", max: limit, replicas: replicas}, nil
+	return &Store{kv: kv, js: js, stream: stream, name: stream.CachedInfo().Config.Name, api: apiPrefix(js), pre: "$KV." + kcfg.Bucket + ".", max: limit, replicas: replicas, clock: clock.Or(cfg.Clock)}, nil
 }
 
 // Replicas returns the bucket's replica count as the server reported it
@@ -278,7 +283,7 @@ func (s *Store) Take(ctx context.Context, addr subjects.Address, owner subjects.
 			cur.Revision, cur.Epoch = deletedAt, deletedAt
 		case err != nil:
 			last = err
-			pause(ctx)
+			s.pause(ctx)
 			continue
 		default:
 			if r, derr := Decode(e.Value()); derr == nil {
@@ -295,7 +300,7 @@ func (s *Store) Take(ctx context.Context, addr subjects.Address, owner subjects.
 		if err != nil {
 			last = err // moved meanwhile, or unreachable: read again
 			if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
-				pause(ctx)
+				s.pause(ctx)
 			} else if absent {
 				deletedAt = s.deletedAt(ctx, key)
 			}
@@ -354,7 +359,7 @@ func (s *Store) Save(ctx context.Context, addr subjects.Address, prev hub.StateR
 		case cur.Revision < prev.Revision:
 			// A stale read (a replica that still believes it leads):
 			// says nothing.
-			pause(rctx)
+			s.pause(rctx)
 			continue
 		case cur.Epoch == prev.Epoch && cur.Owner == prev.Owner && bytes.Equal(cur.Data, data):
 			return cur, nil // this save landed
@@ -481,12 +486,12 @@ func notWritten(err error) bool {
 }
 
 // pause waits a little before another attempt, or until ctx ends.
-func pause(ctx context.Context) {
-	t := time.NewTimer(50 * time.Millisecond)
+func (s *Store) pause(ctx context.Context) {
+	t := s.clock.NewTimer(50 * time.Millisecond)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-t.C:
+	case <-t.Chan():
 	}
 }
 

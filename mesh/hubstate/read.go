@@ -110,6 +110,6 @@ func (s *Store) readBack(rctx context.Context, addr subjects.Address) (hub.State
 		if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt) || rctx.Err() != nil {
 			return cur, err
 		}
-		pause(rctx)
+		s.pause(rctx)
 	}
 }

@@ -94,7 +94,7 @@ func Retry(ctx context.Context, op func() error) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
-		case <-time.After(wait):
+		case <-time.After(wait): // real clock: paces JetStream round trips awaiting a leader (package-level, no clock)
 		}
 		wait = min(2*wait, time.Second)
 	}
@@ -109,7 +109,7 @@ func RetryEach(ctx context.Context, log *slog.Logger, what string, op func(ctx c
 }
 
 func retryEach(ctx context.Context, per time.Duration, log *slog.Logger, what string, op func(ctx context.Context) error) error {
-	start, logged, attempts := time.Now(), time.Time{}, 0
+	start, logged, attempts := time.Now(), time.Time{}, 0 // real clock: log throttling and "waited"
 	return Retry(ctx, func() error {
 		attempts++
 		actx, cancel := context.WithTimeout(ctx, per)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/natsmesh/natsmesh/internal/clock"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -26,11 +27,12 @@ type registryClock struct {
 	mu        sync.Mutex
 	t         time.Duration // registry time
 	lastWrite time.Time     // wall time of the last write seen
+	wall      clock.Clock   // the wall clock (Config.Clock); nil: the real one
 }
 
 func (c *registryClock) wrote() {
 	c.mu.Lock()
-	c.lastWrite = time.Now()
+	c.lastWrite = clock.Or(c.wall).Now()
 	c.mu.Unlock()
 }
 
@@ -44,7 +46,7 @@ func (c *registryClock) now() time.Duration {
 func (c *registryClock) tick(d, slack time.Duration) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.lastWrite.IsZero() && time.Since(c.lastWrite) <= slack {
+	if !c.lastWrite.IsZero() && clock.Or(c.wall).Since(c.lastWrite) <= slack {
 		c.t += d
 	}
 	return c.t
@@ -56,13 +58,13 @@ func (m *Membership) expiry() {
 	defer m.wg.Done()
 	every := max(m.cfg.Heartbeat/4, 5*time.Millisecond)
 	slack := m.cfg.Heartbeat + every
-	t := time.NewTicker(every)
+	t := m.cfg.Clock.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-m.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.Chan():
 		}
 		now := m.clock.tick(every, slack)
 		m.checkBlind()
@@ -104,7 +106,7 @@ func (m *Membership) seen(rev uint64) bool {
 // delivered.
 func (m *Membership) wroteOwn(rev uint64, start time.Time) {
 	if m.seenRev.Load() >= m.ownRev.Load() {
-		m.ownRevAt.Store(time.Now().UnixNano())
+		m.ownRevAt.Store(m.cfg.Clock.Now().UnixNano())
 	}
 	m.ownRev.Store(rev)
 	m.covMu.Lock()
@@ -151,10 +153,10 @@ func (m *Membership) checkBlind() {
 		return
 	}
 	at := m.ownRevAt.Load()
-	if time.Since(time.Unix(0, at)) < m.blindAfter() {
+	if m.cfg.Clock.Since(time.Unix(0, at)) < m.blindAfter() {
 		return
 	}
-	if !m.ownRevAt.CompareAndSwap(at, time.Now().UnixNano()) {
+	if !m.ownRevAt.CompareAndSwap(at, m.cfg.Clock.Now().UnixNano()) {
 		return
 	}
 	select {
@@ -219,7 +221,7 @@ func (m *Membership) onAdvisory(msg *nats.Msg) {
 	}
 	if !ProvesDeparture(a.Reason) {
 		m.log.Info("a node's connection closed without proof of departure; it keeps its generation", "member", v.Node.String(), "reason", a.Reason)
-		m.emit(Event{Type: Moved, Member: v, At: time.Now(), Reason: a.Reason})
+		m.emit(Event{Type: Moved, Member: v, At: m.cfg.Clock.Now(), Reason: a.Reason})
 		return
 	}
 	m.judge(v.Node, Disconnected, a.Time, a.Reason)
@@ -271,5 +273,5 @@ func (m *Membership) onMoved(msg *nats.Msg) {
 	v.ServerID, v.ClientID = n.ServerID, n.ClientID
 	member := v.Member
 	m.mu.Unlock()
-	m.emit(Event{Type: Moved, Member: member, At: time.Now(), Reason: "reconnected"})
+	m.emit(Event{Type: Moved, Member: member, At: m.cfg.Clock.Now(), Reason: "reconnected"})
 }

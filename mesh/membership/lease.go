@@ -44,10 +44,10 @@ func (m *Membership) leaseHeld() bool {
 	if s := m.suspectAt.Load(); s != 0 && (start.IsZero() || start.UnixNano() <= s) {
 		return false // paused, and no heartbeat issued since is acknowledged yet
 	}
-	if time.Since(time.Unix(0, tick)) > PauseGap {
+	if m.cfg.Clock.Since(time.Unix(0, tick)) > PauseGap {
 		return false // just woken: the watchdog has not ticked yet
 	}
-	return start.IsZero() || time.Since(start) <= m.cfg.TTL
+	return start.IsZero() || m.cfg.Clock.Since(start) <= m.cfg.TTL
 }
 
 // PauseGap is how long this process may go without its watchdog ticking
@@ -67,15 +67,15 @@ const PauseGap = time.Second
 // fenced.
 func (m *Membership) watchdog() {
 	defer m.wg.Done()
-	t := time.NewTicker(PauseGap / 10)
+	t := m.cfg.Clock.NewTicker(PauseGap / 10)
 	defer t.Stop()
 	for {
 		select {
 		case <-m.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.Chan():
 		}
-		now := time.Now().UnixNano()
+		now := m.cfg.Clock.Now().UnixNano()
 		if gap := time.Duration(now - m.lastTick.Load()); gap > PauseGap {
 			m.suspectAt.Store(now)
 			m.log.Warn("this process was paused: turns wait for a heartbeat", "paused_for", gap.Round(time.Millisecond).String())

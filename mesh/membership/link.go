@@ -63,7 +63,7 @@ func (m *Membership) Confirmed() bool {
 // pauses handling while unconfirmed after a reconnect instead of failing
 // what it holds.
 func (m *Membership) WaitConfirmed(ctx context.Context) error {
-	t := time.NewTicker(10 * time.Millisecond)
+	t := time.NewTicker(10 * time.Millisecond) // real clock: a poll for a condition, bounded by ctx
 	defer t.Stop()
 	for {
 		select {

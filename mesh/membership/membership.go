@@ -43,6 +43,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsmesh/natsmesh/internal/clock"
 	"github.com/natsmesh/natsmesh/subjects"
 )
 
@@ -297,6 +298,7 @@ type Config struct {
 	BeforeAnnounce func(subjects.NodeID) (undo func(), err error)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	Clock  clock.Clock // heartbeats, expiry, lease, departures, takeovers; nil: real (registry times stay real)
 
 	// nameRead, when set (tests), replaces readEntry in the check of a
 	// registered name (checkName): replicas that answer differently.
@@ -334,6 +336,7 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	c.Clock = clock.Or(c.Clock)
 	return nil
 }
 
@@ -498,9 +501,9 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 		live: map[string]*liveMember{}, departed: map[subjects.NodeID]time.Time{}, proof: map[subjects.NodeID]bool{}, durable: map[subjects.NodeID]time.Time{}, pending: map[subjects.NodeID]pendingMark{}, lastRev: map[subjects.NodeID]uint64{}, renewedAfter: map[subjects.NodeID]bool{},
 		listeners: map[int]func(Event){},
 		lost:      make(chan struct{}), ready: make(chan struct{}), beatNow: make(chan struct{}, 1), rewatch: make(chan struct{}, 1),
-		ctx: mctx, cancel: cancel, joinedAt: time.Now(),
+		ctx: mctx, cancel: cancel, joinedAt: cfg.Clock.Now(), clock: registryClock{wall: cfg.Clock},
 	}
-	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC(), Subscriber: cfg.Subscriber}
+	m.self = Member{Kinds: slices.Clone(cfg.Kinds), Version: cfg.Version, Started: time.Now().UTC(), Subscriber: cfg.Subscriber} // real clock: Started is in the registry
 	slices.Sort(m.self.Kinds)
 	for attempt := 0; ; attempt++ {
 		if !cfg.Replace {
@@ -535,7 +538,7 @@ func Join(ctx context.Context, cfg Config) (*Membership, error) {
 	}
 	m.movedSub = mv
 	m.status = cfg.Conn.StatusChanged(nats.CONNECTED, nats.DISCONNECTED, nats.RECONNECTING)
-	m.lastTick.Store(time.Now().UnixNano())
+	m.lastTick.Store(cfg.Clock.Now().UnixNano())
 	m.wg.Add(5)
 	go m.watch()
 	go m.heartbeat()

@@ -46,9 +46,11 @@ func (m *Membership) checkName(ctx context.Context) error {
 			"generation", first.Node.String())
 		return nil
 	}
-	if time.Since(first.BeatAt) > m.cfg.TTL+m.cfg.Heartbeat {
+	if time.Since(first.BeatAt) > m.cfg.TTL+m.cfg.Heartbeat { // real clock: BeatAt is another process's
 		return nil // stale by its own clock: a crashed generation
 	}
+	// Real clock: this waits for another process's heartbeats, which
+	// run on that process's clock.
 	deadline := time.Now().Add(m.cfg.TTL)
 	m.cfg.Logger.Info("a generation of this node's name is registered; waiting to see whether it still heartbeats",
 		"generation", first.Node.String(), "up_to", m.cfg.TTL.String())
@@ -129,7 +131,7 @@ func (m *Membership) readEntry(ctx context.Context, name string) (Member, uint64
 // AbsurdGeneration reports whether g is beyond MaxGenerationAhead of the
 // local clock (2^64-1 always is).
 func AbsurdGeneration(g uint64) bool {
-	limit := time.Now().Add(MaxGenerationAhead).UnixNano()
+	limit := time.Now().Add(MaxGenerationAhead).UnixNano() // real clock: generations are real times
 	return limit <= 0 || g > uint64(limit)
 }
 
@@ -205,11 +207,11 @@ func (m *Membership) register(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("membership: register %q: %w", name, ctx.Err())
-			case <-time.After(wait):
+			case <-m.cfg.Clock.After(wait):
 			}
 			wait = min(2*wait, time.Second)
 		}
-		gen := uint64(time.Now().UnixNano())
+		gen := uint64(time.Now().UnixNano()) // real clock: a generation, in the registry and on the wire
 		var prev, supersedes uint64
 		e, err := m.kv.Get(ctx, name)
 		switch {
@@ -247,7 +249,7 @@ func (m *Membership) register(ctx context.Context) error {
 		if c := m.cfg.Conn.ConnectedClusterName(); c != "" {
 			self.Cluster = c
 		}
-		self.BeatAt = time.Now().UTC()
+		self.BeatAt = time.Now().UTC() // real clock: in the registry
 		m.mu.Lock()
 		m.self = self
 		m.mu.Unlock()
@@ -266,7 +268,7 @@ func (m *Membership) register(ctx context.Context) error {
 		m.wroteValue(b)
 		m.wmu.Unlock()
 		confirmed := m.cfg.Conn.Stats().Reconnects
-		start := time.Now()
+		start := m.cfg.Clock.Now()
 		var rev uint64
 		if prev == 0 {
 			rev, err = m.kv.Create(ctx, name, b)
@@ -298,7 +300,7 @@ func (m *Membership) register(ctx context.Context) error {
 // registration is lost.
 func (m *Membership) heartbeat() {
 	defer m.wg.Done()
-	t := time.NewTicker(m.cfg.Heartbeat)
+	t := m.cfg.Clock.NewTicker(m.cfg.Heartbeat)
 	defer t.Stop()
 	for {
 		select {
@@ -306,7 +308,7 @@ func (m *Membership) heartbeat() {
 			return
 		case <-m.lost:
 			return
-		case <-t.C:
+		case <-t.Chan():
 		case <-m.beatNow:
 		}
 		if m.pauseBeats.Load() {
@@ -401,7 +403,7 @@ func (m *Membership) beat() error {
 	self, rev := m.self, m.rev
 	m.mu.RUnlock()
 	self.Beat++
-	self.BeatAt = time.Now().UTC()
+	self.BeatAt = time.Now().UTC() // real clock: in the registry
 	self.ServerID, self.ClientID = m.connIdentity()
 	if c := m.cfg.Conn.ConnectedClusterName(); c != "" {
 		self.Cluster = c
@@ -410,7 +412,7 @@ func (m *Membership) beat() error {
 	m.wroteValue(b)
 	reconnects := m.cfg.Conn.Stats().Reconnects
 	ctx, cancel := context.WithTimeout(m.ctx, max(m.cfg.Heartbeat, time.Second))
-	start := time.Now()
+	start := m.cfg.Clock.Now()
 	nrev, err := m.kv.Update(ctx, self.Node.Name, b, rev)
 	cancel()
 	if err != nil {

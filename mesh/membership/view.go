@@ -85,7 +85,7 @@ func (m *Membership) Gone(node subjects.NodeID) bool {
 		return true
 	}
 	at, ok := m.departed[node]
-	return ok && time.Since(at) <= m.cfg.FencingDelay
+	return ok && m.cfg.Clock.Since(at) <= m.cfg.FencingDelay
 }
 
 // TakeoverAt returns when this node may take over addresses claimed by
@@ -116,7 +116,7 @@ func (m *Membership) TakeoverAt(node subjects.NodeID) time.Time {
 			// silent past the TTL whose survivor's mark was refused
 			// resumed seconds later; the 30-minute soak, round 3).
 			// Not yet — ask again after a heartbeat.
-			return time.Now().Add(m.cfg.Heartbeat)
+			return m.cfg.Clock.Now().Add(m.cfg.Heartbeat)
 		}
 		return later(at, d).Add(m.cfg.FencingDelay)
 	}
@@ -124,7 +124,7 @@ func (m *Membership) TakeoverAt(node subjects.NodeID) time.Time {
 	if v, ok := m.live[node.Name]; ok && v.Node.Generation > node.Generation && v.since.Add(m.cfg.FencingDelay).After(t) {
 		t = v.since.Add(m.cfg.FencingDelay)
 	}
-	if time.Now().Before(t) {
+	if m.cfg.Clock.Now().Before(t) {
 		return t
 	}
 	return time.Time{}
@@ -160,12 +160,12 @@ func (m *Membership) UnseenTakeoverAt(first time.Time) time.Time {
 	covered := m.covered
 	m.covMu.Unlock()
 	if !covered.After(first) {
-		if next := time.Now().Add(m.cfg.Heartbeat); next.After(at) {
+		if next := m.cfg.Clock.Now().Add(m.cfg.Heartbeat); next.After(at) {
 			return next
 		}
 		return at
 	}
-	if time.Now().Before(at) {
+	if m.cfg.Clock.Now().Before(at) {
 		return at
 	}
 	return time.Time{}
@@ -242,7 +242,7 @@ func (m *Membership) emit(e Event) {
 // depart removes node's generation from the live set and emits the event,
 // once per generation. since is when the departure happened, if known.
 func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, reason string) bool {
-	now := time.Now()
+	now := m.cfg.Clock.Now()
 	m.mu.Lock()
 	v, ok := m.live[node.Name]
 	if !ok || v.Node != node {
@@ -268,11 +268,11 @@ func (m *Membership) depart(node subjects.NodeID, t EventType, since time.Time, 
 	}
 	m.mu.Unlock()
 	var lat time.Duration
-	switch {
+	switch { // real clock: a latency metric, against times from the registry
 	case t == Expired:
-		lat = now.Sub(v.BeatAt)
+		lat = time.Since(v.BeatAt)
 	case !since.IsZero():
-		lat = now.Sub(since)
+		lat = time.Since(since)
 	}
 	lat = max(lat, 0)
 	if v.Subscriber {
@@ -299,7 +299,7 @@ const maxPendingDepartures = 4096
 
 // setDurable records that node's departure is a fact of the registry
 // (see Membership.durable), at its first sighting.
-func (m *Membership) setDurable(node subjects.NodeID) { m.setDurableAt(node, time.Now()) }
+func (m *Membership) setDurable(node subjects.NodeID) { m.setDurableAt(node, m.cfg.Clock.Now()) }
 
 // setDurableAt records node's departure durable from at (see
 // Membership.durable), or from the later time already recorded; only for a generation this
@@ -339,7 +339,7 @@ func (m *Membership) judge(node subjects.NodeID, t EventType, since time.Time, r
 		return
 	}
 	if since.IsZero() {
-		since = time.Now() // the judgment's time, also on a retried mark
+		since = time.Now() // the judgment's time, also on a retried mark; real clock: written in the mark
 	}
 	if at := m.remove(m.ctx, node, t, since, reason, beat); !at.IsZero() {
 		m.setDurableAt(node, at)

@@ -22,7 +22,7 @@ func (m *Membership) watch() {
 			select {
 			case <-m.ctx.Done():
 				return
-			case <-time.After(m.cfg.Heartbeat):
+			case <-m.cfg.Clock.After(m.cfg.Heartbeat):
 			}
 			continue
 		}
@@ -76,7 +76,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.replayedBeforeJoin()
 			return
 		}
-		if fresh && time.Since(v.BeatAt) < m.cfg.TTL {
+		if fresh && time.Since(v.BeatAt) < m.cfg.TTL { // real clock: BeatAt is the writer's
 			// A fresh write seen through the watcher: the registry takes
 			// writes and this node's view of it is current (the watcher
 			// delivers in stream order, so every earlier write was seen).
@@ -86,7 +86,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			// A survivor's removal: the departure it judged, told to
 			// every node before the entry is deleted — and durable.
 			m.depart(v.Node, v.Removed.event(), v.Removed.At, v.Removed.Reason)
-			at := time.Now()
+			at := m.cfg.Clock.Now()
 			m.mu.RLock()
 			_, already := m.durable[v.Node]
 			if p, ok := m.pending[v.Node]; (ok && v.BeatAt.After(p.beat)) || m.renewedAfter[v.Node] {
@@ -115,7 +115,7 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.live[name] = &liveMember{Member: v, seen: now, rev: rev, since: old.since} // a heartbeat
 			m.mu.Unlock()
 			if moved && old.ClientID != 0 {
-				m.emit(Event{Type: Moved, Member: v, At: time.Now(), Reason: "heartbeat from a new connection"})
+				m.emit(Event{Type: Moved, Member: v, At: m.cfg.Clock.Now(), Reason: "heartbeat from a new connection"})
 			}
 			return
 		case had && old.Node.Generation > v.Node.Generation:
@@ -147,10 +147,10 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 			m.setDurable(old.Node) // the entry names the newer generation
 		}
 		m.mu.Lock()
-		m.live[name] = &liveMember{Member: v, seen: now, rev: rev, since: time.Now()}
+		m.live[name] = &liveMember{Member: v, seen: now, rev: rev, since: m.cfg.Clock.Now()}
 		m.mu.Unlock()
 		m.durableGone(name, v.Node.Generation, rev) // older generations judged here: their entry is this one's now
-		m.emit(Event{Type: Joined, Member: v, At: time.Now()})
+		m.emit(Event{Type: Joined, Member: v, At: m.cfg.Clock.Now()})
 	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
 		if name == m.cfg.Name && rev < m.joinRev.Load() {
 			m.replayedBeforeJoin()
@@ -230,7 +230,7 @@ func (m *Membership) durableGone(name string, below, rev uint64) {
 	m.mu.Lock()
 	for n := range m.departed {
 		if _, ok := m.durable[n]; !ok && n.Name == name && n.Generation < below && rev > m.lastRev[n] {
-			at := time.Now()
+			at := m.cfg.Clock.Now()
 			if m.renewedAfter[n] {
 				at = at.Add(m.cfg.TTL)
 			}
@@ -247,10 +247,10 @@ func (m *Membership) durableGone(name string, below, rev uint64) {
 // the write), at most once a heartbeat and within one heartbeat for the
 // round, so that the expiry loop is not held; called by the expiry loop.
 func (m *Membership) retryMarks() {
-	if time.Since(m.lastMarkTry) < m.cfg.Heartbeat {
+	if m.cfg.Clock.Since(m.lastMarkTry) < m.cfg.Heartbeat {
 		return
 	}
-	defer func() { m.lastMarkTry = time.Now() }()
+	defer func() { m.lastMarkTry = m.cfg.Clock.Now() }()
 	m.mu.RLock()
 	pending := make(map[subjects.NodeID]pendingMark, len(m.pending))
 	for n, p := range m.pending {
@@ -274,7 +274,7 @@ func (m *Membership) retryMarks() {
 				// Its heartbeat landed after the judgment (the watch saw
 				// it): whichever way remove found the entry gone —
 				// superseded, absent — that lease lasts up to a TTL.
-				at = later(at, time.Now().Add(m.cfg.TTL))
+				at = later(at, m.cfg.Clock.Now().Add(m.cfg.TTL))
 			}
 			m.setDurableAt(n, at)
 		}
@@ -314,7 +314,7 @@ func (m *Membership) remove(ctx context.Context, node subjects.NodeID, t EventTy
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if since.IsZero() {
-		since = time.Now()
+		since = time.Now() // real clock: written in the mark
 	}
 	mark := func(v Member) []byte {
 		v.Removed = &Removal{How: t.String(), Reason: reason, At: since.UTC(), By: m.Self().Node}
@@ -328,7 +328,7 @@ func (m *Membership) remove(ctx context.Context, node subjects.NodeID, t EventTy
 			// leader proves it (and fails node's next heartbeat).
 			_, err := m.kv.Create(ctx, node.Name, mark(Member{Node: node}))
 			if err == nil {
-				return time.Now()
+				return m.cfg.Clock.Now()
 			}
 			if errors.Is(err, jetstream.ErrKeyExists) {
 				continue // it is there: read again
@@ -345,21 +345,21 @@ func (m *Membership) remove(ctx context.Context, node subjects.NodeID, t EventTy
 		renewed := v.Node == node && v.BeatAt.After(judgedBeat)
 		switch {
 		case v.Node.Name == node.Name && v.Node.Generation > node.Generation && !AbsurdGeneration(v.Node.Generation):
-			return time.Now() // superseded: node's heartbeat fails
+			return m.cfg.Clock.Now() // superseded: node's heartbeat fails
 		case v.Node == node && v.Removed != nil:
 			if renewed {
-				return time.Now().Add(m.cfg.TTL)
+				return m.cfg.Clock.Now().Add(m.cfg.TTL)
 			}
-			return time.Now() // marked already
+			return m.cfg.Clock.Now() // marked already
 		case v.Node != node:
 			return time.Time{} // an older generation's entry, or an absurd one node's heartbeat overwrites
 		}
 		_, err = m.kv.Update(ctx, node.Name, mark(v), e.Revision())
 		if err == nil {
 			if renewed {
-				return time.Now().Add(m.cfg.TTL)
+				return m.cfg.Clock.Now().Add(m.cfg.TTL)
 			}
-			return time.Now()
+			return m.cfg.Clock.Now()
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return time.Time{}

@@ -399,7 +399,7 @@ func (s *Store) Set(ctx context.Context, r Reminder) (Reminder, error) {
 		return r, fmt.Errorf("reminders: set %s %s: %w", r.Address, r.Name, concurrent(err))
 	}
 	r.Revision = ack.Sequence
-	r.Set = time.Now().UTC()
+	r.Set = time.Now().UTC() // real clock: beside the server's schedule times
 	return r, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsmesh/natsmesh/internal/clock"
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
@@ -46,6 +47,11 @@ type RunConfig struct {
 	// OnOutcome, if set, is called after each attempt with the fire and
 	// what became of it (tests, metrics). It must not block.
 	OnOutcome func(f Fire, o Outcome, err error)
+	// Clock times the runner's own waits (the RetryBase apart attempts
+	// to end a reminder's incarnation); nil means the real clock. The
+	// AckWait/3 progress ticks stay on the real clock: they race the
+	// server's ack wait, which is real time.
+	Clock clock.Clock
 }
 
 // Defaults of RunConfig.
@@ -147,6 +153,7 @@ func (s *Store) Run(ctx context.Context, cfg RunConfig) (*Runner, error) {
 	if cfg.AckWait == 0 {
 		cfg.AckWait = DefaultAckWait
 	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.RetryBase == 0 {
 		cfg.RetryBase = time.Second
 	}
@@ -505,7 +512,7 @@ func (r *Runner) endIncarnation(f Fire, inc *jetstream.RawStreamMsg, ttl time.Du
 		}
 		select {
 		case <-r.ctx.Done():
-		case <-time.After(r.cfg.RetryBase):
+		case <-r.cfg.Clock.After(r.cfg.RetryBase):
 		}
 	}
 	r.s.log.Warn("reminder incarnation not ended: its fire is left to be redelivered", "address", f.Address, "name", f.Name, "err", err)
@@ -563,7 +570,7 @@ func (r *Runner) keepAlive(ctx context.Context, m jetstream.Msg) (stop func()) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(r.cfg.AckWait / 3)
+		t := time.NewTicker(r.cfg.AckWait / 3) // real clock: races the server's ack wait
 		defer t.Stop()
 		for {
 			select {

@@ -34,7 +34,7 @@ type Schedule struct {
 func At(t time.Time) Schedule { return Schedule{At: t} }
 
 // In returns a one-shot schedule firing d from now (the caller's clock).
-func In(d time.Duration) Schedule { return Schedule{At: time.Now().Add(d)} }
+func In(d time.Duration) Schedule { return Schedule{At: time.Now().Add(d)} } // real clock: the server schedules it
 
 // Every returns a schedule firing every d (whole seconds, at least 1 s).
 func Every(d time.Duration) Schedule { return Schedule{Every: d} }
