@@ -126,8 +126,9 @@ func (d deactivatorHub) Deactivate(context.Context) { d.onDeactivate(d.addr) }
 // deliveries arriving more often than the timeout, an explicit hold, a
 // pinned hub, a turn or a build lasting several timeouts — and then it is
 // collected (the janitor's agenda requeues it rather than forgetting it).
+// Not parallel: "used more often than the idle timeout" is judged on the
+// real clock, with 100 ms between uses.
 func TestIdleCollectionAgenda(t *testing.T) {
-	t.Parallel()
 	const idle = 100 * time.Millisecond
 	const watch = 6 * idle // how long "not collected meanwhile" is watched
 	type env struct {
