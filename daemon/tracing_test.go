@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -182,5 +184,32 @@ func TestTracingEnv(t *testing.T) {
 		if want := fmt.Sprintf("%s=%q", bad[0], bad[1]); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s=%s: %v does not name %s", bad[0], bad[1], err, want)
 		}
+	}
+}
+
+// TestSpanExporterFromEnv: OTEL_TRACES_EXPORTER=console prints spans
+// (stdouttrace), anything else exports over OTLP (autoexport's choice,
+// which spanExporterFromEnv follows); TestTracingFromEnv sends over both
+// OTLP protocols to a receiver.
+func TestSpanExporterFromEnv(t *testing.T) {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+		t.Setenv(k, "")
+	}
+	for _, c := range []struct {
+		exporter, protocol string
+		console            bool
+	}{{"console", "", true}, {" console ", "grpc", true}, {"", "", false}, {"otlp", "grpc", false}, {"otlp", "http/protobuf", false}} {
+		t.Setenv("OTEL_TRACES_EXPORTER", c.exporter)
+		t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", c.protocol)
+		exp, err := spanExporterFromEnv(context.Background())
+		if err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		_, console := exp.(*stdouttrace.Exporter)
+		_, otlp := exp.(*otlptrace.Exporter)
+		if console != c.console || otlp == c.console {
+			t.Errorf("%+v: exporter %T", c, exp)
+		}
+		_ = exp.Shutdown(context.Background())
 	}
 }
