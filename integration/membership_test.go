@@ -219,7 +219,7 @@ func TestClusterMeshdOneActivation(t *testing.T) {
 // TTL: the old generation is retired at once and a request addressed to it
 // fails promptly; the old process, when it wakes, stands down.
 func TestClusterRestartSameName(t *testing.T) {
-	t.Parallel()
+	longTest(t) // the quick suite's forms: TestMeshdSameName, TestRestartSupersedesOwnGeneration
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	old := StartTestNode(t, "--name", "same", "--nats-url", c.URL(), "--kv-replicas", "3", "--ttl", "30s", "--heartbeat", "1s")
@@ -660,7 +660,7 @@ func rootCause(err error) string {
 // accepted), ShuttingDown/departed for those marked Mesh-Idempotent —
 // instead of letting the client wait out its timeout.
 func TestClusterIngressFailsPromptly(t *testing.T) {
-	t.Parallel()
+	longTest(t) // the quick suite's form, in one process: mesh's TestIngressOwnerCrash
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	victim := StartTestNode(t, "--name", "v", "--nats-url", c.URLs()[0], "--kv-replicas", "3", "--ingress=false")
@@ -842,7 +842,7 @@ func TestClusterClaimRace(t *testing.T) {
 // node) by itself; the time from the kill to the first frame of the new
 // epoch is reported.
 func TestClusterSubscriberFollowsKilledOwner(t *testing.T) {
-	t.Parallel()
+	longTest(t) // the quick suite's form, in one process: syncstream's TestOwnerKilledResubscribes
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "s1", "s2")
