@@ -33,6 +33,7 @@ type Cluster struct {
 	// logDir, when set (KeepLogs), receives each server start's log.
 	logDir string
 	starts map[int]int // server index → starts so far, to name its logs
+	env    []string    // added to each server process's environment
 }
 
 // ClusterServer is one server of a Cluster. Its embedded *NATSServer is
@@ -72,13 +73,23 @@ func StartCluster(t testing.TB, n int) *Cluster {
 // the environment of the test process).
 func StartClusterWithAccounts(t testing.TB, n int, accounts string) *Cluster {
 	t.Helper()
+	return StartClusterWithAccountsEnv(t, n, accounts, nil)
+}
+
+// StartClusterWithAccountsEnv is StartClusterWithAccounts with env
+// ("KEY=value") added to each server process's environment, e.g. the
+// passwords an accounts section reads as $VARIABLES (the way
+// docs/operations.md has a production server read them), without
+// t.Setenv, so that the test may run in parallel.
+func StartClusterWithAccountsEnv(t testing.TB, n int, accounts string, env []string) *Cluster {
+	t.Helper()
 	if n < 1 {
 		t.Fatalf("StartCluster: n = %d", n)
 	}
 	// Free ports are picked, released, then bound by the servers: another
 	// process may take one in between. Start afresh with new ports then.
 	for attempt := 1; ; attempt++ {
-		c, err := startCluster(t, n, accounts)
+		c, err := startCluster(t, n, accounts, env)
 		if err == nil {
 			return c
 		}
@@ -98,8 +109,8 @@ func (c *Cluster) stopAll() {
 	}
 }
 
-func startCluster(t testing.TB, n int, accounts string) (*Cluster, error) {
-	cs, err := startClusters(t, []clusterSpec{{name: "mesh", n: n, jetstream: true}}, accounts)
+func startCluster(t testing.TB, n int, accounts string, env []string) (*Cluster, error) {
+	cs, err := startClusters(t, []clusterSpec{{name: "mesh", n: n, jetstream: true, env: env}}, accounts)
 	return cs[0], err
 }
 
@@ -113,6 +124,7 @@ type clusterSpec struct {
 	// proxy of its own (i→j), and servers advertise no usable route URL, so
 	// that no implicit route bypasses the proxies.
 	routeProxies bool
+	env          []string // added to each server process's environment
 }
 
 // StartLeafHubCluster is StartCluster for a hub of leaf nodes (DESIGN §12):
@@ -153,7 +165,7 @@ func startClusters(t testing.TB, specs []clusterSpec, accounts string) ([]*Clust
 	var cs []*Cluster
 	gw := len(specs) > 1
 	for _, sp := range specs {
-		c := &Cluster{t: t, bin: bin, Name: sp.name}
+		c := &Cluster{t: t, bin: bin, Name: sp.name, env: sp.env}
 		for i := range sp.n {
 			s := &ClusterServer{
 				Name:        fmt.Sprintf("%s-%d", sp.name, i),
@@ -283,7 +295,7 @@ func (c *Cluster) start(i int) {
 // is not proof it runs.
 func (c *Cluster) tryStart(i int) error {
 	s := c.servers[i]
-	p := Start(c.t, c.bin, "-c", s.ConfigFile)
+	p := StartEnv(c.t, c.env, c.bin, "-c", s.ConfigFile)
 	s.NATSServer = &NATSServer{Process: p, URL: fmt.Sprintf("nats://127.0.0.1:%d", s.ClientPort)}
 	c.keepLog(i, p)
 	ports := []int{s.ClientPort, s.ClusterPort}

@@ -164,8 +164,15 @@ type Process struct {
 // is still running.
 func Start(t testing.TB, bin string, args ...string) *Process {
 	t.Helper()
+	return StartEnv(t, nil, bin, args...)
+}
+
+// StartEnv is Start with env ("KEY=value") added to the process's
+// environment.
+func StartEnv(t testing.TB, env []string, bin string, args ...string) *Process {
+	t.Helper()
 	p := &Process{Cmd: exec.Command(bin, args...), lines: make(chan string, 4096), done: make(chan struct{})}
-	p.Cmd.Env = append(os.Environ(), "GOTRACEBACK=all") // a SIGQUIT dumps every goroutine
+	p.Cmd.Env = append(append(os.Environ(), "GOTRACEBACK=all"), env...) // GOTRACEBACK: a SIGQUIT dumps every goroutine
 	outR, err := p.Cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -272,11 +272,13 @@ func checkProfiles(t *testing.T, url string, creds credentials, watcher, victim 
 // the account the nodes run in, and drain exits 0 for the operator and
 // for the node user.
 func TestDocumentedProductionSetup(t *testing.T) {
+	t.Parallel()
 	pw := map[string]string{"node": "e2e-node-pw", "operator": "e2e-operator-pw", "client": "e2e-client-pw"}
+	var env []string // the servers read the passwords from their environment, as the docs say
 	for u, p := range pw {
-		t.Setenv("NATSMESH_"+strings.ToUpper(u)+"_PASSWORD", p)
+		env = append(env, "NATSMESH_"+strings.ToUpper(u)+"_PASSWORD="+p)
 	}
-	c := StartClusterWithAccounts(t, 3, docsAccounts(t, docsOperations(t)))
+	c := StartClusterWithAccountsEnv(t, 3, docsAccounts(t, docsOperations(t)), env)
 	c.WaitReady(t)
 	creds := credentials{}
 	for u, p := range pw {
