@@ -81,7 +81,6 @@ func TestFlightRefStaleAfterReuse(t *testing.T) {
 // delivery gets one verdict; an accepted one ran exactly once, none ran
 // twice, and each stream's deliveries ran in call order. No lane is left.
 func TestPooledFlightsAndLanesChurn(t *testing.T) {
-	t.Parallel()
 	longOnly(t)
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "churn")
@@ -212,7 +211,6 @@ func (s stringer) String() string { return s() }
 // once, under -race: every leg gets its own verdict or a timeout, never
 // another leg's.
 func TestLateRepliesNeverReachReusedSlots(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	node := subjects.NodeID{Name: "late", Generation: 1}
 	nc := natstest.Connect(t, s)

@@ -301,8 +301,8 @@ func (p cachedFaultProxy) Cached(subjects.Address) (subjects.NodeID, bool) {
 // TestWindowFaults runs every fault at every position of a window, with
 // legs sent by their callers (held: the resolver blocks) and with legs
 // staged and published by the lane (staged).
+// Not parallel: its legs time out after 300 ms.
 func TestWindowFaults(t *testing.T) {
-	t.Parallel()
 	t.Run("held", func(t *testing.T) { windowFaults(t, false, false) })
 	t.Run("staged", func(t *testing.T) { windowFaults(t, true, false) })
 	t.Run("staged-callers", func(t *testing.T) { windowFaults(t, true, true) })

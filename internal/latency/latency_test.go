@@ -169,7 +169,11 @@ func TestPipelining(t *testing.T) {
 	if elapsed < 2*oneWay*9/10 {
 		t.Fatalf("%d requests took %v: less than one round trip, delay not applied", n, elapsed)
 	}
-	if limit := 100 * time.Millisecond; elapsed >= limit {
+	// Pipelined, the requests share their delays; serial, they would take
+	// at least serial. The bound sits between the two, well above what a
+	// busy machine adds (163 ms once for 200 requests while the rest of
+	// the test suite ran).
+	if limit := serial * 3 / 4; elapsed >= limit {
 		t.Fatalf("%d pipelined requests took %v, want < %v (serial would be >= %v)", n, elapsed, limit, serial)
 	}
 }
