@@ -59,6 +59,13 @@ func getLegMsg() *legMsg { return legMsgPool.Get().(*legMsg) }
 
 // putLegMsg gives lm back; it must not be used afterwards.
 func putLegMsg(lm *legMsg) {
+	lm.reset()
+	legMsgPool.Put(lm)
+}
+
+// reset empties lm for its next leg, keeping its header map and the
+// headers' value slices.
+func (lm *legMsg) reset() {
 	h := lm.msg.Header
 	if lm.foreign {
 		clear(h)
@@ -67,7 +74,6 @@ func putLegMsg(lm *legMsg) {
 	lm.msg = nats.Msg{Header: h}
 	lm.vals = [numLegHeaders]string{}
 	lm.used = 0
-	legMsgPool.Put(lm)
 }
 
 // set sets header i to the single value v.

@@ -13,10 +13,12 @@ import (
 
 // TestLegMsgReuse: a pooled leg message carries exactly the headers set for
 // its current leg, whatever earlier legs set (and trace context added).
-//
-// Not parallel: it puts its message into the package's pool and goes on
-// using it, which only a test alone may do.
+// It never puts its message into the package's pool: the pool is the
+// process's, and a message put there more than once would be handed to two
+// legs of a later test at the same time (it was, once, while this test put
+// it back after each use).
 func TestLegMsgReuse(t *testing.T) {
+	t.Parallel()
 	lm := &legMsg{msg: nats.Msg{Header: nats.Header{}}}
 	use := func(foreign bool, set map[int]string) {
 		t.Helper()
@@ -43,9 +45,7 @@ func TestLegMsgReuse(t *testing.T) {
 		if !maps.Equal(got, want) {
 			t.Fatalf("headers %v, want %v", got, want)
 		}
-		h := lm.msg.Header
-		putLegMsg(lm)
-		lm.msg.Header = h // the same one back, as the pool would
+		lm.reset() // what putLegMsg does before the pool takes it
 	}
 	use(false, map[int]string{hdrID: "a", hdrAttempt: "2", hdrAnswerTo: "x", hdrLane: "e/1"})
 	use(false, map[int]string{hdrID: "b", hdrAnswerTo: "x"})
