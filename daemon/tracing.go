@@ -37,7 +37,7 @@ func TracingEnabledByEnv() bool {
 // checkOTELEnv checks the variables that choose the exporter, so that an
 // invalid one is named with its value.
 func checkOTELEnv() error {
-	if e := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")); e != "" && e != "otlp" && e != "console" && e != "none" {
+	if e := os.Getenv("OTEL_TRACES_EXPORTER"); e != "" && e != "otlp" && e != "console" && e != "none" {
 		return fmt.Errorf("invalid OTEL_TRACES_EXPORTER=%q (want otlp, console or none)", e)
 	}
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
@@ -96,7 +96,7 @@ func TracerProviderFromEnv(ctx context.Context, node string) (*sdktrace.TracerPr
 // compiling them cost every cold `go test -race ./...` about 25 s of CPU.
 // The variables were checked by checkOTELEnv.
 func spanExporterFromEnv(ctx context.Context) (sdktrace.SpanExporter, error) {
-	if strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")) == "console" {
+	if os.Getenv("OTEL_TRACES_EXPORTER") == "console" {
 		return stdouttrace.New()
 	}
 	proto := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")

@@ -198,7 +198,7 @@ func TestSpanExporterFromEnv(t *testing.T) {
 	for _, c := range []struct {
 		exporter, protocol string
 		console            bool
-	}{{"console", "", true}, {" console ", "grpc", true}, {"", "", false}, {"otlp", "grpc", false}, {"otlp", "http/protobuf", false}} {
+	}{{"console", "", true}, {"console", "grpc", true}, {"", "", false}, {"otlp", "grpc", false}, {"otlp", "http/protobuf", false}} {
 		t.Setenv("OTEL_TRACES_EXPORTER", c.exporter)
 		t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", c.protocol)
 		exp, err := spanExporterFromEnv(context.Background())

@@ -103,7 +103,6 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // detection time (asserted ≤ 2× the TTL), none waits for its timeout, and
 // deliveries sent after the kill succeed on another node.
 func TestClusterKillOwnerFailsPromptly(t *testing.T) {
-	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "n1", "n2", "n3")
@@ -262,7 +261,6 @@ func TestClusterRestartSameName(t *testing.T) {
 // detection time, then SIGCONT: it does not serve the addresses it lost, and
 // nothing it still held is handled twice.
 func TestClusterFrozenOwnerFenced(t *testing.T) {
-	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "f1", "f2")
@@ -526,7 +524,6 @@ func TestClusterRollingRestart(t *testing.T) {
 // (an error is never Accepted's opposite in disguise: a failure that is not
 // resendable is a timeout or a refusal, and accepted deliveries run once).
 func TestClusterKillNATSServer(t *testing.T) {
-	t.Parallel()
 	c := StartCluster(t, 3)
 	c.WaitReady(t)
 	nodes := startTestNodes(t, c.URL(), "k1", "k2", "k3")

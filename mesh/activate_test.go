@@ -24,7 +24,6 @@ import (
 // one with membership, so that the build fails at every point relative to
 // Activate's look at it.
 func TestActivateFailedBuildNotRetried(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	for _, mode := range []string{"standalone", "membership"} {
 		t.Run(mode, func(t *testing.T) {

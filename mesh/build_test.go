@@ -114,7 +114,6 @@ func TestFailedBuildLateUnavailable(t *testing.T) {
 // TestIdleDeactivation: an idle activation is collected after the idle
 // timeout and no goroutine stays behind; a build pins it meanwhile.
 func TestIdleDeactivation(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	n, err := NewNode(NodeConfig{Conn: nc, Name: "a", Host: hub.Config{IdleTimeout: 50 * time.Millisecond}})

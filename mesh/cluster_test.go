@@ -18,7 +18,10 @@ import (
 	"github.com/natsmesh/natsmesh/verdict"
 )
 
-// fastMembership detects a silent node within about half a second.
+// fastMembership detects a silent node within about half a second. The
+// tests that use it (directly or through clusterNode) do not call
+// t.Parallel: among parallel tests a live node's heartbeat can stall past
+// its 400 ms TTL on a loaded machine.
 var fastMembership = MembershipConfig{Heartbeat: 100 * time.Millisecond, TTL: 400 * time.Millisecond, VerifyInterval: 100 * time.Millisecond}
 
 // steadyMembership is for tests of what holds while every node lives
@@ -201,7 +204,6 @@ func TestClaimRace(t *testing.T) {
 // notices — not at their timeout — and are not re-sent; deliveries after it
 // succeed elsewhere.
 func TestPromptFailureOnDeparture(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	recA, recB := newRecorder(), newRecorder()
 	a, _ := clusterNode(t, s, "a", recA)
@@ -260,7 +262,6 @@ func TestPromptFailureOnDeparture(t *testing.T) {
 // TestFencingRejoin: a node whose registration is removed behind its back
 // (declared gone) stops serving that generation and rejoins with a new one.
 func TestFencingRejoin(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNode(t, s, "a", rec)
@@ -296,7 +297,6 @@ func TestFencingRejoin(t *testing.T) {
 // re-claimed; one overwritten by another node makes the owner stand down
 // within the verification period.
 func TestClaimReverification(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNode(t, s, "a", rec)
@@ -327,7 +327,6 @@ func TestClaimReverification(t *testing.T) {
 // TestDrainHandsOver: a drained node marks itself draining, settles, releases
 // its claims and leaves; its addresses move to the survivors.
 func TestDrainHandsOver(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	a, _ := clusterNode(t, s, "a", rec)

@@ -84,7 +84,6 @@ func TestExpiredDeadlineSendsNothing(t *testing.T) {
 // sent: its verdict is resendable (directory-unavailable, or
 // deadline-unsent once the caller's deadline passed), never a timeout.
 func TestDirectoryOutageResendable(t *testing.T) {
-	t.Parallel()
 	longOnly(t)
 	s := natstest.RunServer(t)
 	rec := newRecorder()
@@ -1064,7 +1063,6 @@ func TestRequestLinkChaos(t *testing.T) {
 // reply was lost, is re-sent to a: the documented window of a crash,
 // DESIGN §6; counted, not failed.)
 func TestPipelineOwnerCrash(t *testing.T) {
-	t.Parallel()
 	longOnly(t)
 	for rep := range reps(t, 3) {
 		s := natstest.RunServer(t)
@@ -1138,7 +1136,6 @@ func TestPipelineOwnerCrash(t *testing.T) {
 // run), or ShuttingDown/departed for one marked Mesh-Idempotent — at once,
 // not at its timeout. A plain delivery sent afterwards is accepted by a.
 func TestIngressOwnerCrash(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	recA, recB := newRecorder(), newRecorder()
 	a, _ := clusterNode(t, s, "a", recA)

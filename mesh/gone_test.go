@@ -116,7 +116,6 @@ func TestSenderConsultsView(t *testing.T) {
 // accepted. (It was failed departed at every attempt when the client
 // remembered the notice.)
 func TestStandaloneClientStaticView(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	rec.fn = func(_ context.Context, d *hub.Delivery) error {

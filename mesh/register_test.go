@@ -25,7 +25,6 @@ import (
 // position of the rejoin is reached, and concurrent Registers race each
 // other's announcements too.
 func TestRegisterRacesRejoin(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	n, nc := clusterNode(t, s, "a", rec)

@@ -26,7 +26,6 @@ import (
 // JetStream API timeout (5 s) of each KV watcher's consumer delete before
 // the watchers were stopped without waiting for the server.
 func TestDrainBoundNATSUnreachable(t *testing.T) {
-	t.Parallel()
 	longOnly(t)
 	for _, deadline := range []time.Duration{0, 100 * time.Millisecond, 400 * time.Millisecond} {
 		t.Run(deadline.String(), func(t *testing.T) {
@@ -90,7 +89,6 @@ func TestDrainBoundNATSUnreachable(t *testing.T) {
 // metadata naming the new generation, the old generation's subject without
 // responders, and nothing of the old session left running.
 func TestRejoinStartsNewSession(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	rec := newRecorder()
 	n, nc := clusterNode(t, s, "a", rec)
@@ -222,7 +220,6 @@ func collectInfo(t *testing.T, nc *nats.Conn) []map[string]string {
 // marks of its own (it has no store for them): it asks the cluster view
 // (Node.Gone), which forgets a departure after the fencing delay.
 func TestOneLivenessStore(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	a, _ := clusterNode(t, s, "a", newRecorder())
 	b, _ := clusterNode(t, s, "b", newRecorder())
@@ -250,7 +247,6 @@ func TestOneLivenessStore(t *testing.T) {
 // session's Done, so nothing armed on it waits for a rejoin that never
 // comes; a node without a session gives a closed Done.
 func TestSessionDoneWhenTheNodeStops(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	for _, how := range []string{"close", "drain"} {
 		t.Run(how, func(t *testing.T) {

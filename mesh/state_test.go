@@ -66,7 +66,6 @@ func storedRecord(t *testing.T, s *server.Server, addr subjects.Address) hub.Sta
 // between nodes (drain, close) and back, at every position; each takeover
 // bumps the epoch and names the new owner.
 func TestStateSurvivesMoves(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	a := stateNode(t, s, "a", fastMembership, counterhub.Options{})
 	b := stateNode(t, s, "b", fastMembership, counterhub.Options{})
@@ -122,7 +121,6 @@ func TestStateSurvivesMoves(t *testing.T) {
 // TestStateTooLarge: a save over the store's limit fails with
 // hub.ErrStateTooLarge before anything is written; the activation goes on.
 func TestStateTooLarge(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	mc := fastMembership
 	mc.StateMaxValueSize = 64
@@ -187,7 +185,6 @@ func TestStateTooLarge(t *testing.T) {
 // activation stands down, and the successor's state is untouched. Repeated
 // across several positions of the counter.
 func TestStateFencedOnData(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	slow := fastMembership
 	slow.VerifyInterval = time.Hour // the stale owner does not notice on its own
@@ -280,7 +277,6 @@ func TestStateFencedOnData(t *testing.T) {
 // TestStateFencedLocally: an owner that stood down (its claim lost) before
 // its held turn saves fails that save at once with hub.ErrStateFenced.
 func TestStateFencedLocally(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	gate := make(chan struct{})
 	held := make(chan struct{})
@@ -322,7 +318,6 @@ func TestStateFencedLocally(t *testing.T) {
 // TestStateWithoutStore: DisableState makes LoadState fail with
 // hub.ErrNoStateStore, which fails the build (Unavailable).
 func TestStateWithoutStore(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	mc := fastMembership
 	mc.DisableState = true
@@ -345,7 +340,6 @@ func TestStateWithoutStore(t *testing.T) {
 // answered with its own value (1..N, each once), the stored value is N, and
 // fewer saves than increments were written.
 func TestStateBatchedSaves(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	mc := fastMembership
@@ -410,7 +404,6 @@ func TestStateBatchedSaves(t *testing.T) {
 // the stored counter counts it once; the state keeps only the last
 // Remember IDs.
 func TestStateRememberedIncrement(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	o := counterhub.Options{Remember: 3}
 	// A node remembers one delivery ID in its intake's dedupe window, so
@@ -559,7 +552,6 @@ func (s *lostAckStore) Save(ctx context.Context, addr subjects.Address, prev hub
 // state over, which (the counter remembering its increments' IDs) answers
 // the stored value: counted once, acknowledged once.
 func TestStateUnknownSaveReconciledByResend(t *testing.T) {
-	t.Parallel()
 	s, _, store, send := lostAckNode(t, "ctr/unknown")
 	const addr = "ctr/unknown"
 	for i := 1; i <= 3; i++ {
@@ -626,7 +618,6 @@ func lostAckNode(t *testing.T, addr subjects.Address) (*server.Server, *Node, *l
 // delivery ID: the re-send of the same ID builds the hub again and is
 // handled, once.
 func TestStateBuildFailureResendRebuilds(t *testing.T) {
-	t.Parallel()
 	s, n, store, send := lostAckNode(t, "ctr/rebuild")
 	for i := 1; i <= 3; i++ {
 		id := fmt.Sprint("b", i)
@@ -652,7 +643,6 @@ func TestStateBuildFailureResendRebuilds(t *testing.T) {
 // a move the next activation starts from no data — its epoch still above
 // every earlier one — or from what was saved after the delete.
 func TestStateDelete(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	a := stateNode(t, s, "a", fastMembership, counterhub.Options{})
 	b := stateNode(t, s, "b", fastMembership, counterhub.Options{})

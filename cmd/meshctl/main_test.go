@@ -478,7 +478,6 @@ func TestBenchAbortsWhenTargetGoes(t *testing.T) {
 // watch ignores silence while bench's own connection reconnects and a
 // moment of no responders while the target's does — and it completes.
 func TestBenchRidesOutServerRestart(t *testing.T) {
-	t.Parallel()
 	port := freePort(t)
 	conf := fmt.Sprintf("port: %d\n", port)
 	s := natstest.RunConfig(t, conf)

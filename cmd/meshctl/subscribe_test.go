@@ -122,7 +122,6 @@ func meshctlNodes(owner *mesh.Node) []string {
 var frameLine = regexp.MustCompile(`^epoch=(\d+) version=(\d+) (snapshot|delta) (.*)$`)
 
 func TestSubscribeTable(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	r := start(t, s, "subscribe", "kv/x", "--count", "3")
@@ -163,7 +162,6 @@ func TestSubscribeTable(t *testing.T) {
 }
 
 func TestSubscribeJSON(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	kvSet(t, owner, "kv/j", "pre=0") // in the snapshot
@@ -207,7 +205,6 @@ func TestSubscribeJSON(t *testing.T) {
 }
 
 func TestSubscribeInterrupted(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	r := start(t, s, "subscribe", "kv/i")
@@ -226,7 +223,6 @@ func TestSubscribeInterrupted(t *testing.T) {
 // TestSubscribeTornDown: a subscription the owner ends and then refuses is
 // torn down: a one-line error and exit 3, after the frames it applied.
 func TestSubscribeTornDown(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	var refuse atomic.Bool
 	var ownerSide atomic.Pointer[syncstream.Owner]
@@ -315,7 +311,6 @@ func TestSubscribeUsageAndSetupErrors(t *testing.T) {
 // TestSubscribeKeepsRegistryTTL: joining does not change the registry
 // bucket the mesh configured (its TTL is the mesh's liveness contract).
 func TestSubscribeKeepsRegistryTTL(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	r := start(t, s, "subscribe", "kv/t", "--count", "1")
@@ -339,7 +334,6 @@ func TestSubscribeKeepsRegistryTTL(t *testing.T) {
 }
 
 func TestSubscribeNoAnswer(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	startOwner(t, s, nil)
 	// No node hosts kind "nokind": placement keeps failing (resendable)
@@ -355,7 +349,6 @@ func TestSubscribeNoAnswer(t *testing.T) {
 // TestSubscriberShownApart: a running subscribe registers as a subscriber,
 // which meshctl nodes counts apart from the mesh's nodes.
 func TestSubscriberShownApart(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	owner := startOwner(t, s, nil)
 	r := start(t, s, "subscribe", "kv/apart")
@@ -378,7 +371,6 @@ func TestSubscriberShownApart(t *testing.T) {
 // verdict that says nothing was placed — within a --timeout of 5 s, where the
 // ladder would have taken ≈10 s and ended in exit 4.
 func TestUnknownKindAnswersQuickly(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	startOwner(t, s, nil)
 	r := meshctl(t, s, "", "--timeout", "5s", "send", "nope/x", "hello", "--id", "typo-1")

@@ -19,7 +19,6 @@ import (
 // live replacement.) A rejoin whose replacement stopped heartbeating takes
 // the name once it is silent, as any join would.
 func TestRejoinNeverTakesTheNameBack(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	cfg := Config{Heartbeat: 100 * time.Millisecond, TTL: 2 * time.Second, FencingDelay: time.Second}
 	rejoin := func(lost subjects.NodeID) (*Membership, time.Duration, error) {
