@@ -131,7 +131,6 @@ func TestDeliverAsyncGoroutines(t *testing.T) {
 // sent — not when the lane moves; and one cancelled while queued reports
 // the cancellation (Failed).
 func TestDeliverAsyncQueuedDeadline(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	spy := newHoldingSpy(t, s)
 	c, err := NewClient(Config{Conn: natstest.Connect(t, s), Resolver: StaticResolver{Node: spy.node}}, WithWindow(1))

@@ -18,7 +18,6 @@ import (
 // TestSlowBuildParks: a hub whose build takes 3× the leg timeout: no
 // delivery gets Failed, all are handled in order once it is ready.
 func TestSlowBuildParks(t *testing.T) {
-	t.Parallel()
 	const legTimeout = 100 * time.Millisecond
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a", WithLegTimeout(legTimeout))
@@ -169,7 +168,6 @@ func (h *deactivatingHub) Deactivate(context.Context)                  { h.count
 // what it accepted; a delivery still queued when drain's ctx ends gets one
 // late ShuttingDown.
 func TestDrainSettles(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	var mu sync.Mutex
 	var lates []LateVerdict

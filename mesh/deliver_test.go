@@ -64,7 +64,6 @@ func TestRequestResponse(t *testing.T) {
 // TestRequestAcceptedNoResponse: an accepted request whose response never
 // comes fails at ctx's deadline as a timeout and is not re-sent.
 func TestRequestAcceptedNoResponse(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	release := make(chan struct{})
@@ -309,7 +308,6 @@ func TestHandlerVerdicts(t *testing.T) {
 // TestDrainBoundedByStuckHandler: a handler that ignores its ctx does not
 // hold Drain past its deadline (plus a short grace).
 func TestDrainBoundedByStuckHandler(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	block := make(chan struct{})

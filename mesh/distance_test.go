@@ -21,7 +21,6 @@ import (
 // The handler runs each delivery exactly once — not 7 times — and the
 // sender gets Failed after one timeout, never resendable.
 func TestStarvedIntakeTimesOutOnce(t *testing.T) {
-	t.Parallel()
 	const legTimeout = 100 * time.Millisecond
 	s := natstest.RunServer(t)
 	p, err := latency.Start(s.Addr().String(), legTimeout) // each way
@@ -74,7 +73,6 @@ func TestStarvedIntakeTimesOutOnce(t *testing.T) {
 // has more than 1. Legs are counted on the wire, by a NATS connection that
 // sees every request and reply in the server's order.
 func TestDistantStreamsOverlap(t *testing.T) {
-	t.Parallel()
 	const streams, perStream = 64, 30
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "near")

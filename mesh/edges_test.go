@@ -36,7 +36,6 @@ func isUnsentVerdict(err error) bool {
 // ctx was cancelled before the call sends nothing either (Failed: the
 // caller chose).
 func TestExpiredDeadlineSendsNothing(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	in := acceptIntake(t, s, "acc", func(id string) []byte { return []byte(id) })
 	c := newClient(t, natstest.Connect(t, s), genResolver("acc"))
@@ -316,7 +315,6 @@ func (p *holdProxy) releaseHeld() {
 // Afterwards the held leg is released (delivered late, old epoch): it is
 // deduped or refused, never handled a second time or out of order.
 func TestWindowPositionEvents(t *testing.T) {
-	t.Parallel()
 	const window = 5
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
@@ -622,7 +620,6 @@ func verdictName(err error) string {
 // runs once. A non-idempotent one gets outcome unknown; the response that
 // comes after it is counted, never handed to another call.
 func TestIdempotentRequestResentAfterLinkDrop(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	gates := sync.Map{} // delivery ID → chan struct{}

@@ -95,7 +95,6 @@ func (g *grantHub) release(open bool) {
 // sent after it arrived, and WithWindow caps it. Counted on the wire: the
 // legs of the lane the receiver holds unanswered at once.
 func TestLaneTakesGrantedWindow(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		grant int

@@ -23,7 +23,6 @@ import (
 // 0 inversions in any stream, 0 duplicate executions, exactly one verdict
 // per delivery.
 func TestOrderWithRefusals(t *testing.T) {
-	t.Parallel()
 	const streams, perStream = 64, 200
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")

@@ -185,7 +185,6 @@ func movedPair(t *testing.T, s *server.Server, hc hub.Config) (owner, sender *No
 // response sent only once the owner is back. The re-sent leg and the
 // re-sent awaited request are answered by the owner's dedupe (DESIGN §6).
 func TestAwaitedRequestSurvivesOwnerMove(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	owner, sender, rec, p, ownerConn := movedPair(t, s, hub.Config{})
 	// moved is closed by the handler once the loss began; back is closed
@@ -304,7 +303,6 @@ func TestAwaitedRequestSurvivesOwnerMove(t *testing.T) {
 // connection moved, the re-sent request is answered verdict.ErrResponseGone
 // (Failed: the handler ran once) — never silence, never a timeout.
 func TestAwaitedRequestResponseGone(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	_, sender, rec, p, ownerConn := movedPair(t, s, hub.Config{DedupeResponseBytes: -1})
 	var moved chan struct{}
@@ -357,7 +355,6 @@ func TestAwaitedRequestResponseGone(t *testing.T) {
 // instead of outcome-unknown; a delivery started during the move waits for
 // it and then goes through.
 func TestMoveConnectionLosesNoAwaitedResponse(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	var mu sync.Mutex

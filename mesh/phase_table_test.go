@@ -145,7 +145,6 @@ func (p phase) String() string {
 // Both for the leg's own timer and for the caller's deadline; repeated,
 // since the wait picks among ready channels at random.
 func TestTimeoutIsAFact(t *testing.T) {
-	t.Parallel()
 	owner := subjects.NodeID{Name: "o", Generation: 7}
 	for _, tc := range []struct {
 		name           string
@@ -212,7 +211,6 @@ func TestTimeoutIsAFact(t *testing.T) {
 // delivery, whose departure would be resendable); a departure recorded
 // first is the departure's verdict.
 func TestResponseTimeoutIsAFact(t *testing.T) {
-	t.Parallel()
 	owner := subjects.NodeID{Name: "o", Generation: 7}
 	for _, eventFirst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("departure first %v", eventFirst), func(t *testing.T) {

@@ -16,7 +16,6 @@ import (
 // for the placement wait only (virtual time), not the whole ladder, and
 // fails Unavailable/no-placement, resendable: nothing was sent.
 func TestNoPlacementWait(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	for _, tc := range []struct {

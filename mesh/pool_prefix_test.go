@@ -23,7 +23,6 @@ import (
 // address the same node ID and address: the second client's leg can be
 // published on the FIRST mesh's delivery subject.
 func TestPooledLaneKeepsItsOwnPrefix(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	node := subjects.NodeID{Name: "n", Generation: 1}
 	p1, p2 := subjects.Prefix("one.v1"), subjects.Prefix("two.v1")

@@ -71,7 +71,6 @@ func (d *brokenDialer) current() *brokenConn {
 // legs behind it). The distinction is kept: a Request accepted before its
 // sender's link dropped, its response awaited, still ends outcome-unknown.
 func TestPublishFailedIsResendable(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	hold := make(chan struct{})

@@ -78,7 +78,6 @@ func tickNode(t *testing.T, s *server.Server, name string, k *ticks, mc Membersh
 // idle-collected between fires: each fire activates it again, carries the
 // reminder's name and due time, and is handled once.
 func TestReminderSurvivesIdleCollection(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	k := &ticks{}
 	a := tickNode(t, s, "a", k, steadyMembership, 150*time.Millisecond)
@@ -114,7 +113,6 @@ func TestReminderSurvivesIdleCollection(t *testing.T) {
 // A hub sets a reminder on its own address during its turn; the fire comes
 // back to it.
 func TestReminderSetFromATurn(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	k := &ticks{}
 	k.onTurn = func(n *Node, d *hub.Delivery) {
@@ -139,7 +137,6 @@ func TestReminderSetFromATurn(t *testing.T) {
 // (the runner sees a resendable failure) is redelivered under the same ID,
 // and the intake's dedupe answers it: the handler runs once.
 func TestReminderLostAnswerHandledOnce(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	k := &ticks{}
 	mc := steadyMembership
@@ -221,7 +218,6 @@ func TestReminderControlEndpoint(t *testing.T) {
 // ID; the owner's dedupe answers it with the kept response, so the turn
 // ran once and the fire is acknowledged.
 func TestReminderRunnerDiesWithFireInHand(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	k := &ticks{}
 	entered, release := make(chan struct{}, 1), make(chan struct{})

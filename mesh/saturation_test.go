@@ -94,7 +94,6 @@ func (s *syncBuffer) lines(msg string) []map[string]any {
 // flight cross the threshold, latched until they fall back; every field
 // carries the state at the crossing (breadth and the deepest lane).
 func TestSaturationEpisodes(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	slow := subjects.NodeID{Name: "slow", Generation: 1}
 	intake := holdIntake(t, s, slow)
@@ -171,7 +170,6 @@ func TestSaturationEpisodes(t *testing.T) {
 // TestInFlightCap: legs in flight never exceed the cap; callers beyond it
 // wait, bounded by their ctx.
 func TestInFlightCap(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	slow := subjects.NodeID{Name: "slow", Generation: 1}
 	intake := holdIntake(t, s, slow)

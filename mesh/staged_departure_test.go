@@ -64,7 +64,6 @@ func (r cachedMovingResolver) Cached(subjects.Address) (subjects.NodeID, bool) {
 // was sent and accepted"), and a deep lane's waiters burn their ladder on
 // departures of owners they never reached.
 func TestStagedWaitersDoNotPayForDepartures(t *testing.T) {
-	t.Parallel()
 	for _, staged := range []bool{false, true} {
 		t.Run(fmt.Sprintf("staged=%v", staged), func(t *testing.T) {
 			s := natstest.RunServer(t)

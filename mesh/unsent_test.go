@@ -127,7 +127,6 @@ func (blockingResolver) Invalidate(subjects.Address, subjects.NodeID) {}
 // context.Canceled. Repeated: the verdict follows from the facts, not from
 // which wait noticed first.
 func TestResolverGivesUpWithTheContext(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	res := blockingResolver{calls: make(chan struct{}, 1)}
 	c := newClient(t, natstest.Connect(t, s), res)

@@ -188,7 +188,6 @@ func genResolver(name string) Resolver {
 // (verdict.ErrDeadlineUnsent), never a timeout — also when its owner's
 // departure races the deadline.
 func TestSlotDeadline(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	hang := subjects.NodeID{Name: "hang", Generation: 1}
 	held := holdIntake(t, s, hang)
@@ -228,7 +227,6 @@ func TestSlotDeadline(t *testing.T) {
 // its lane's head (the window is full: 1 here) was never sent: resendable
 // Unavailable, not a timeout.
 func TestLaneDeadline(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	hang := subjects.NodeID{Name: "hang", Generation: 1}
 	held := holdIntake(t, s, hang)
@@ -292,7 +290,6 @@ func TestSlotClosing(t *testing.T) {
 // is re-resolved at once when that owner departs; without a departure its
 // deadline passing in back-off is resendable Unavailable.
 func TestBackoffDeparture(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	surv, _ := testNode(t, s, "surv")
 	refuser := natstest.Connect(t, s)
@@ -467,7 +464,6 @@ func TestResponseDepartureRace(t *testing.T) {
 // (or, Idempotent, with the resendable disconnect), not at its deadline;
 // deliveries after the reconnect flow normally.
 func TestLinkDropFailsAwaitedRequests(t *testing.T) {
-	t.Parallel()
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
 	release := make(chan struct{})

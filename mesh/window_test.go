@@ -409,7 +409,6 @@ func windowFaults(t *testing.T, staged, callers bool) {
 // deactivation with a full inbox fails deliveries late, and a late verdict
 // can lose the race with the acceptance that names its key.)
 func TestWindowPipelined(t *testing.T) {
-	t.Parallel()
 	const streams, per = 4, 1500
 	s := natstest.RunServer(t)
 	n, rec := testNode(t, s, "a")
