@@ -18,7 +18,9 @@ import (
 // the sender took — the node ran the delivery before it noticed it was cut
 // off and its answer was lost, the at-least-once window DESIGN §6
 // documents; likewise one that started on a node killed just after
-// (inCrashWindow): its acceptance reply died in the process's buffer. The
+// (inCrashWindow): its acceptance reply died in the process's buffer; and
+// one that started beyond a route cut that isolated the sender, just before
+// it (beyondSenderCut): its acceptance reply was lost to the cut. The
 // same generation running a delivery twice is never excused. It judges
 // deliveries.
 func CheckAtMostOnce(h *History) Finding {
@@ -32,7 +34,7 @@ func CheckAtMostOnce(h *History) Finding {
 		// caller's own re-send caused after the accepting generation may
 		// have gone.
 		unseen := func(t Turn) bool {
-			return (h.inPartitionWindow(t) || h.inCrashWindow(t)) && (fin.Verdict != Accepted || fmt.Sprintf("%s.%d", t.Node, t.Generation) != op.Node) ||
+			return (h.inPartitionWindow(t) || h.inCrashWindow(t) || h.beyondSenderCut(t)) && (fin.Verdict != Accepted || fmt.Sprintf("%s.%d", t.Node, t.Generation) != op.Node) ||
 				h.resentPastOwner(op, t)
 		}
 		var v Violation

@@ -132,6 +132,20 @@ func (h *History) inPartitionWindow(t Turn) bool {
 	return false
 }
 
+// beyondSenderCut reports whether t started, from PartitionGrace before to
+// the end of a route cut that isolated the sender's server, on a process
+// on the other side (FaultRecord.cutsOffSender): its acceptance reply was
+// lost to the cut. Only at-most-once excuses it: for the cluster, that
+// process was not cut off, and its claims must be current.
+func (h *History) beyondSenderCut(t Turn) bool {
+	for _, f := range h.Faults {
+		if f.cutsOffSender(t.Process) && f.Start-int64(PartitionGrace) <= t.Start && t.Start <= f.End {
+			return true
+		}
+	}
+	return false
+}
+
 // inCrashWindow reports whether t started on a process killed (NodeKill)
 // from PartitionGrace before the kill to FreezeGrace after its recorded
 // start (the signal lands a little after it): its acceptance reply, published

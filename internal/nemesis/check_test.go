@@ -339,6 +339,23 @@ func TestAtMostOnce(t *testing.T) {
 		expect(t, CheckAtMostOnce, &History{Faults: []FaultRecord{senderCut(5, 15)}, Ops: []Op{resent(20)},
 			Turns: []Turn{turn("q", "k/1", "n1", 1, 1, 2), turn("q", "k/1", "n2", 2, 400, 401)}}, "accepted once, ran 2 times")
 	})
+	mesh := lane("q", "k/1", "", 0, 0, acceptedBy("n3.1")) // accepted on the sender's side of the cut
+	t.Run("good: run beyond a route cut that isolated the sender, just before it; the re-send ran on the sender's side", func(t *testing.T) {
+		h := &History{Faults: []FaultRecord{senderCut(15, 300)}, Ops: []Op{mesh},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 14, 15), turn("q", "k/1", "n3", 1, 400, 401)}}
+		expect(t, CheckAtMostOnce, h)
+		if e := CheckAtMostOnce(h).Excused; len(e) != 1 {
+			t.Fatalf("excused %v, want the run beyond the cut", e)
+		}
+	})
+	t.Run("bad: run beyond the cut long before it", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{Faults: []FaultRecord{senderCut(1000, 1300)}, Ops: []Op{mesh},
+			Turns: []Turn{turn("q", "k/1", "n1", 1, 14, 15), turn("q", "k/1", "n3", 1, 1400, 1401)}}, "accepted once, ran 2 times")
+	})
+	t.Run("bad: both runs beyond the cut on the sender's side, one the accepting generation", func(t *testing.T) {
+		expect(t, CheckAtMostOnce, &History{Faults: []FaultRecord{senderCut(15, 300)}, Ops: []Op{mesh},
+			Turns: []Turn{turn("q", "k/1", "n3", 1, 14, 15), turn("q", "k/1", "n3", 1, 400, 401)}}, "accepted once, ran 2 times")
+	})
 	t.Run("bad: a route cut that left the sender connected", func(t *testing.T) {
 		cut := senderCut(15, 300)
 		cut.SenderCut = false

@@ -253,6 +253,16 @@ func (f FaultRecord) cutsOff(p string) bool {
 	return f.Kind == LinkCut && f.Process == p || f.Kind == RouteCut && slices.Contains(f.Isolated, p)
 }
 
+// cutsOffSender reports whether f cut process p off from the workload's
+// sender: a route cut that isolated the sender's server (SenderCut) and not
+// p's. A turn p started just before the cut had its acceptance reply lost
+// to it as surely as if p had been isolated (TestNemesisIdle, seed 2104: a
+// turn started 1 ms before such a cut, the sender's leg ended resendable,
+// and its re-send ran on a node on the sender's side).
+func (f FaultRecord) cutsOffSender(p string) bool {
+	return f.Kind == RouteCut && f.SenderCut && !slices.Contains(f.Isolated, p)
+}
+
 // History is everything one run recorded.
 type History struct {
 	Seed  uint64 `json:"seed"`
