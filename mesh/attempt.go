@@ -405,21 +405,22 @@ func (c *Client) legEnd(t *laneTicket, d *Delivery, f *flight, node subjects.Nod
 	return published, err
 }
 
-// legDone decodes the outcome of a leg that was published (or whose
-// publish failed): the reply's verdict, or err — the timeout, the event
-// recorded on f, the caller's cancellation, no responders. *accepted is set
-// when a Request's flight stays indexed as accepted.
+// legDone decides the verdict of a leg that was published (or whose
+// publish failed) from the facts on f (legVerdict) and applies it: the
+// flight's phase, its early answers, the answers given up. *accepted is
+// set when a Request's flight stays indexed as accepted.
 func (c *Client) legDone(d *Delivery, f *flight, node subjects.NodeID, published bool, reply *nats.Msg, err error, accepted *bool) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err == nil {
-		// The reply is the fact, whatever else happened meanwhile.
-		key, verr := decodeReply(reply)
-		if verr != nil {
-			f.phase = phaseWaiting // refused: the callee holds nothing
-			c.settleEarlyLocked(f, false)
-			return true, verr
-		}
+	fx := legFacts{published: published, reply: reply, err: err, event: f.causeLocked(), timedOut: f.timeout}
+	if err != nil && f.request {
+		// Its genuine answer may have come although the reply was lost
+		// (node's answer key was known from an earlier acceptance).
+		fx.answered = c.takeEarlyLocked(f, node)
+	}
+	out, key, verr := legVerdict(fx)
+	switch out {
+	case legAccepted:
 		c.learned(node, key)
 		if c.gaveUp.n.Load() > 0 {
 			c.gaveUp.accepted(d.ID, node) // accepted after all: its answers are taken again
@@ -440,15 +441,15 @@ func (c *Client) legDone(d *Delivery, f *flight, node subjects.NodeID, published
 			c.settleEarlyLocked(f, true)
 		}
 		return true, nil
-	}
-	if f.request && c.takeEarlyLocked(f, node) {
-		// Its genuine answer came although the reply was lost (node's
-		// answer key was known from an earlier acceptance): accepted.
+	case legAnswered:
 		*accepted = true
 		f.phase = phaseAccepted
 		return published, nil
-	}
-	if cause := f.causeLocked(); cause != nil && !f.timeout {
+	case legRefused:
+		f.phase = phaseWaiting // the callee holds nothing
+		c.settleEarlyLocked(f, false)
+		return true, verr
+	case legEvent:
 		f.phase = phaseWaiting
 		if published {
 			// Given up without its acceptance: node's answers for this
@@ -456,17 +457,17 @@ func (c *Client) legDone(d *Delivery, f *flight, node subjects.NodeID, published
 			c.gaveUp.add(d.ID, node)
 		}
 		c.settleEarlyLocked(f, false)
-		return published, cause // the owner departed, the link dropped, the client closed
+		return published, verr
 	}
 	f.phase = phaseWaiting
 	// A timeout leaves the delivery with node (it may hold it): what it
 	// answered stands. No responders, a failed publish, the caller's
 	// cancellation: node holds nothing of this leg.
-	c.settleEarlyLocked(f, published && timedOut(err))
-	if errors.Is(err, nats.ErrMaxPayload) {
+	c.settleEarlyLocked(f, out == legTimedOut)
+	if errors.Is(verr, nats.ErrMaxPayload) {
 		return false, payloadTooLarge(len(d.Payload), c.cfg.Conn.MaxPayload())
 	}
-	return published, err // a timeout (the callee may hold it), the caller's cancellation, no responders
+	return published, verr
 }
 
 // publishFailed is the verdict of a leg whose publish returned err: nothing

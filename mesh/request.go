@@ -153,11 +153,11 @@ func releaseTimer(t *time.Timer) {
 	deadlineTimers.Put(t)
 }
 
-// awaitResponse waits for an accepted Request's response. Its verdict
-// follows from the facts under f.mu when the wait ends: an answer that
-// arrived wins; else the first event recorded (outcome unknown, or the
-// resendable fact for an Idempotent delivery); else the caller's
-// cancellation; else the deadline (a timeout).
+// awaitResponse waits for an accepted Request's response. Its verdict is
+// responseVerdict's, from the facts under f.mu when the wait ends: an
+// answer that arrived wins; else an event recorded before the deadline
+// (outcome unknown, or the resendable fact for an Idempotent delivery);
+// else the caller's cancellation; else the deadline (a timeout).
 //
 // When the accepting owner's connection moves while the response is awaited
 // (OwnerMoved: a server restart, lame duck), the response may be lost in
@@ -201,31 +201,20 @@ func (c *Client) awaitResponse(ctx context.Context, deadline time.Time, d *Deliv
 		}
 	}
 	defer f.mu.Unlock()
-	cause := f.causeLocked()
-	if cause != nil && f.ans == nil && (timedOut || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
-		at := deadline
-		if dl, ok := ctx.Deadline(); ok {
-			at = dl
-		}
-		if f.evAt.After(at) {
-			cause = nil // the deadline passed before the event: the timeout is the fact (DESIGN §3)
-		}
+	fx := responseFacts{answer: f.ans, event: f.causeLocked(), eventAt: f.evAt, ctxErr: ctx.Err(), expired: timedOut, deadline: deadline}
+	if dl, ok := ctx.Deadline(); ok {
+		fx.deadline = dl
 	}
+	out, err := responseVerdict(fx)
 	f.phase = phaseDone
 	f.ansUsed = f.ans != nil
 	switch {
-	case f.ans != nil && f.ans.err != nil:
-		return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, f.ans.err)
-	case f.ans != nil:
+	case out == responseAnswered && err == nil:
 		return Response{Receipt: r, Payload: f.ans.payload}, nil
-	case cause != nil:
-		return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, cause)
+	case out == responseTimedOut:
+		return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s accepted by %s, no response: %w", d.ID, d.To, r.Node, err)
 	}
-	cerr := ctx.Err()
-	if cerr == nil {
-		cerr = context.DeadlineExceeded // the request timeout: the callee may hold it
-	}
-	return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s accepted by %s, no response: %w", d.ID, d.To, r.Node, cerr)
+	return Response{Receipt: r}, fmt.Errorf("mesh: request %s to %s: %w", d.ID, d.To, err) // a late verdict, an event
 }
 
 // resendAwaitedBy is resendAwaited bounded by deadline (rare: only after
