@@ -342,6 +342,17 @@ func (c *Client) flightsOfLocked(node subjects.NodeID) []flightRef {
 	return hit
 }
 
+// addressedNodes returns the generations flights are indexed under now.
+func (c *Client) addressedNodes() []subjects.NodeID {
+	c.fl.mu.Lock()
+	defer c.fl.mu.Unlock()
+	out := make([]subjects.NodeID, 0, len(c.fl.byNode))
+	for node := range c.fl.byNode {
+		out = append(out, node)
+	}
+	return out
+}
+
 // interruptAll records ev on every flight in flight.
 func (c *Client) interruptAll(ev event) {
 	c.fl.mu.Lock()

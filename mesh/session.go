@@ -186,21 +186,8 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 	mmu.Unlock()
 	close(joined)
 	inc.members = m
-	dir, err := directory.Open(ctx, directory.Config{
-		Conn: n.conn, Members: m, Prefix: n.prefix, Replicas: mc.Replicas, PlacementCluster: mc.PlacementCluster, VerifyInterval: mc.VerifyInterval,
-		Logger: n.cfg.Logger, Clock: n.Clock(),
-		OnLost: func(t hub.ClaimToken) {
-			if h := inc.host; h != nil {
-				h.StandDown(t) // the activation holding t only; never waits on its turn
-			}
-		},
-	})
-	if err != nil {
-		inc.close(nil) // the host and the registration: all it got
-		return nil, fmt.Errorf("mesh: directory: %w", err)
-	}
-	inc.dir = dir
-	claims.set(dir)
+	// Departures reach the sender from here on, the directory's opening
+	// included: a departure seen while it opens is not lost.
 	inc.stopEv = m.OnEvent(func(e membership.Event) {
 		if e.Member.Node == inc.id {
 			return
@@ -216,6 +203,21 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 			f(e)
 		}
 	})
+	dir, err := directory.Open(ctx, directory.Config{
+		Conn: n.conn, Members: m, Prefix: n.prefix, Replicas: mc.Replicas, PlacementCluster: mc.PlacementCluster, VerifyInterval: mc.VerifyInterval,
+		Logger: n.cfg.Logger, Clock: n.Clock(),
+		OnLost: func(t hub.ClaimToken) {
+			if h := inc.host; h != nil {
+				h.StandDown(t) // the activation holding t only; never waits on its turn
+			}
+		},
+	})
+	if err != nil {
+		inc.close(nil) // the host and the registration: all it got
+		return nil, fmt.Errorf("mesh: directory: %w", err)
+	}
+	inc.dir = dir
+	claims.set(dir)
 	n.log.Info("joined the mesh", "generation", inc.id.String(), "members", len(m.Members()))
 	return inc, nil
 }
@@ -306,6 +308,10 @@ func (n *Node) fencing() {
 			}
 			return
 		}
+		// The generations this node's work is addressed to now: a departure
+		// of one of them between this session's close and the next
+		// session's watch is seen by neither (failGoneDuringRejoin).
+		addressed := n.Client.addressedNodes()
 		inc.close(nil)
 		if n.draining.Load() {
 			// A draining node leaves: it does not come back under a
@@ -336,6 +342,7 @@ func (n *Node) fencing() {
 				n.inc = next
 				n.mu.Unlock()
 				n.installKinds()
+				n.failGoneDuringRejoin(addressed, next)
 				n.rejoins.Add(1)
 				n.restartControl() // its metadata names the new generation
 				inc.retire()       // its consumers re-arm on next
@@ -348,5 +355,27 @@ func (n *Node) fencing() {
 			case <-n.Clock().After(time.Second):
 			}
 		}
+	}
+}
+
+// failGoneDuringRejoin fails the work addressed to generations that
+// departed while this node rejoined, which neither session reported: the
+// old one's watch was closed, and the new one's registry read (a rejoin's
+// join) does not hold them, so it never emits their departure. Each of
+// addressed was registered before the old session closed, hence before
+// next's registry read began: one that is not next's live generation of
+// its name then is gone (deleted, expired, marked removed or superseded),
+// and FailNode gives its work the departed verdicts at once (DESIGN §4)
+// instead of its legs' timeouts. This node's own previous generation is
+// one of them.
+func (n *Node) failGoneDuringRejoin(addressed []subjects.NodeID, next *session) {
+	for _, node := range addressed {
+		if node == next.id || next.members.Alive(node) {
+			continue
+		}
+		if node.Name != next.id.Name { // its own previous generation is no peer's departure
+			n.departures.Add(1)
+		}
+		n.Client.FailNode(node, "departed while this node rejoined")
 	}
 }

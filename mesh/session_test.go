@@ -16,6 +16,7 @@ import (
 	"github.com/natsmesh/natsmesh/internal/natstest"
 	"github.com/natsmesh/natsmesh/mesh/membership"
 	"github.com/natsmesh/natsmesh/subjects"
+	"github.com/natsmesh/natsmesh/verdict"
 )
 
 // TestDrainBoundNATSUnreachable: Drain returns by its ctx's deadline even
@@ -306,5 +307,99 @@ func TestAnswerSubscriptionsEndWithClose(t *testing.T) {
 	c.Close()
 	if got := nc.NumSubscriptions(); got != base {
 		t.Errorf("%d subscriptions after Close, want %d: earlier identities' answer subscriptions outlive the client", got, base)
+	}
+}
+
+// TestDepartureDuringRejoinReachesSender: a peer that departs while this
+// node rejoins — after its old session stopped watching the registry,
+// before its new session read it — is reported by neither session: the
+// new one never saw it alive, so it emits no departure. The work this node
+// had addressed to it must still get the departed verdicts (DESIGN §4)
+// once the new session is installed, not its deadline's timeout: an
+// accepted Request the outcome-unknown verdict (Failed), an Idempotent one
+// the resendable departed verdict. The peer departs inside the rejoin
+// (from the hook that runs before the new generation is announced, which
+// is before the new session's registry watch starts): its entry deleted,
+// its connection closed.
+// Run repeatedly; it failed every time before the fix.
+func TestDepartureDuringRejoinReachesSender(t *testing.T) {
+	t.Parallel()
+	s := natstest.RunServer(t)
+	admin := natstest.Connect(t, s)
+	js, _ := jetstream.New(admin)
+	release := make(chan struct{})
+	recB := newRecorder()
+	recB.fn = func(ctx context.Context, d *hub.Delivery) error {
+		select { // the turn outlives the test's requests: no response comes
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	b, bConn := clusterNodeWith(t, s, "b", recB, steadyMembership)
+	t.Cleanup(func() { close(release) })
+	var gens sync.Map // a's generations, in order of the hook's calls
+	var calls int
+	var mu sync.Mutex
+	mc := steadyMembership
+	mc.OnGeneration = func(id subjects.NodeID) error {
+		mu.Lock()
+		calls++
+		second := calls == 2
+		mu.Unlock()
+		gens.Store(id, true)
+		if second { // a's rejoin: b departs now, unseen by either of a's sessions
+			// Its process first (a response of its ended turn would
+			// reach a otherwise), then its entry (expired, say).
+			bConn.Close()
+			kv, err := js.KeyValue(context.Background(), membership.BucketName(subjects.DefaultPrefix))
+			if err != nil {
+				return err
+			}
+			if err := kv.Delete(context.Background(), "b"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	a, _ := clusterNodeWith(t, s, "a", nil, mc)
+	waitMembers(t, 2, a, b)
+	bID := b.ID()
+	type result struct {
+		idem bool
+		err  error
+	}
+	results := make(chan result, 2)
+	for i, idem := range []bool{false, true} {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			_, err := a.Request(ctx, Delivery{To: subjects.Address("rec/held" + string(rune('0'+i))), Idempotent: idem})
+			results <- result{idem, err}
+		}()
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { return recB.total() == 2 }, "both requests accepted by b and in their turns")
+	old := a.ID()
+	kv, err := js.KeyValue(context.Background(), membership.BucketName(subjects.DefaultPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(context.Background(), old.Name); err != nil { // a is declared gone: it rejoins
+		t.Fatal(err)
+	}
+	for range 2 {
+		r := <-results
+		if r.idem {
+			if !verdict.IsResendable(r.err) || verdict.ReasonOf(r.err) != verdict.ReasonDeparted {
+				t.Errorf("idempotent request to %s, which departed during a's rejoin: %v (resendable %v), want the departed verdict", bID, r.err, verdict.IsResendable(r.err))
+			}
+			continue
+		}
+		if verdict.ReasonOf(r.err) != verdict.ReasonOutcomeUnknown || verdict.IsResendable(r.err) {
+			t.Errorf("request to %s, which departed during a's rejoin: %v, want outcome unknown (not its deadline's timeout)", bID, r.err)
+		}
+	}
+	if a.ID() == old {
+		t.Errorf("a did not rejoin (still %s)", old)
 	}
 }
