@@ -738,7 +738,7 @@ func (splitResolver) Invalidate(subjects.Address, subjects.NodeID) {}
 
 // TestBreakerDepartureIsolation: one client pipelines windows to an owner
 // that departs every few milliseconds (a proxy generation declared gone
-// with FailNode; the real node behind it dedupes the re-sends) and, on
+// with failNode; the real node behind it dedupes the re-sends) and, on
 // the same lanes' client, to a second owner that never departs; a second
 // client pipelines to that owner too. Flights and lanes are pooled across
 // deliveries and clients: a departure must reach only the deliveries
@@ -772,7 +772,7 @@ func TestBreakerDepartureIsolation(t *testing.T) {
 			case <-time.After(2 * time.Millisecond):
 			}
 			old := subjects.NodeID{Name: "px", Generation: p.gen.Add(1) - 1}
-			c1.FailNode(old, "chaos")
+			c1.failNode(old, "chaos")
 			events++
 		}
 	}()

@@ -22,7 +22,7 @@ import (
 // (membership.View, which every view implements): whether an owner
 // generation is known gone. The sender asks it each time it addresses a
 // delivery to an owner, and keeps no departure marks of its own. A
-// departure's event reaches the sender through FailNode, which the owner of
+// departure's event reaches the sender through failNode, which the owner of
 // the view calls (a Node: its session's membership events).
 type ClusterView interface {
 	// Gone reports whether node is known gone (departed, or superseded

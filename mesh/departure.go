@@ -51,7 +51,7 @@ const (
 	evDeparted       // the owner generation departed
 	evLinkDrop       // this client's own link dropped
 	evClosing        // this client is closing
-	evMoved          // the owner's connection moved with the leg in flight or the response awaited (OwnerMoved)
+	evMoved          // the owner's connection moved with the leg in flight or the response awaited (ownerMoved)
 )
 
 // flight is one delivery while the client works on it. Safe for concurrent
@@ -166,7 +166,7 @@ func (c *Client) address(f *flight, node subjects.NodeID, p phase, checkGone boo
 	}
 	set[f] = struct{}{}
 	// Asked under fl.mu: a departure the view learns after this answer
-	// is told by FailNode, whose scan of the index then finds f.
+	// is told by failNode, whose scan of the index then finds f.
 	gone := checkGone && c.opts.view.Gone(node)
 	f.mu.Lock()
 	c.fl.mu.Unlock()
@@ -279,7 +279,7 @@ func departedError(node subjects.NodeID, how string) error {
 	return &verdict.Error{Reason: verdict.ReasonDeparted, Message: msg, Node: node.String()}
 }
 
-// FailNode declares generation node gone (crash detected, graceful leave,
+// failNode declares generation node gone (crash detected, graceful leave,
 // superseded): everything in flight to it that it had not accepted — legs
 // in flight, deliveries waiting for a slot or backing off after its refusal
 // — gets the departed verdict at once (ShuttingDown, resendable: Deliver
@@ -288,10 +288,10 @@ func departedError(node subjects.NodeID, how string) error {
 // departed verdict if the delivery is Idempotent) and is never re-sent.
 // It is the event; the client remembers nothing of it: flights addressed to
 // node later meet the departed verdict at once only if the cluster view
-// (WithView) reports node gone — a Node's does, and calls FailNode on each
+// (WithView) reports node gone — a Node's does, and calls failNode on each
 // departure its membership sees. how describes the departure for the error
 // text. Safe for concurrent use; calling it twice for one node is harmless.
-func (c *Client) FailNode(node subjects.NodeID, how string) {
+func (c *Client) failNode(node subjects.NodeID, how string) {
 	hit := c.flightsOf(node)
 	for _, r := range hit {
 		if !r.lock() {
@@ -401,13 +401,13 @@ func (c *Client) awaiting() int {
 	return c.countFlights(func(f *flight) bool { return f.phase == phaseAccepted })
 }
 
-// FailInFlight fails every leg in flight to node with err, which must be
+// failInFlight fails every leg in flight to node with err, which must be
 // resendable (the leg is re-sent with the same delivery ID; the receiver
 // dedupes), without marking node departed: its connection moved (its server
 // shut down, lame duck) and what was in transit may be lost. Deliveries
 // waiting for a slot or backing off and awaited responses are left alone.
 // Safe for concurrent use.
-func (c *Client) FailInFlight(node subjects.NodeID, err error) {
+func (c *Client) failInFlight(node subjects.NodeID, err error) {
 	hit := c.flightsOf(node)
 	for _, r := range hit {
 		if !r.lock() {
@@ -421,17 +421,17 @@ func (c *Client) FailInFlight(node subjects.NodeID, err error) {
 	}
 }
 
-// OwnerMoved reports that owner generation node's connection moved (its
+// ownerMoved reports that owner generation node's connection moved (its
 // NATS server restarted or shut down, lame duck, a reconnect to another
 // server: membership.Moved). node keeps its generation and what it
 // accepted, but what was in transit to or from it may be lost (DESIGN §6).
 // Every leg in flight to it fails with err, which must be resendable (as
-// FailInFlight: re-sent with the same delivery ID, the receiver dedupes);
+// failInFlight: re-sent with the same delivery ID, the receiver dedupes);
 // every accepted Request awaiting its response is re-sent to node with the
 // same delivery ID, so that node's dedupe answers it with the kept
 // response, or with verdict.ErrResponseGone. Deliveries waiting for a slot
 // or backing off are left alone. Safe for concurrent use.
-func (c *Client) OwnerMoved(node subjects.NodeID, err error) {
+func (c *Client) ownerMoved(node subjects.NodeID, err error) {
 	hit := c.flightsOf(node)
 	for _, r := range hit {
 		if !r.lock() {

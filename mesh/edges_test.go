@@ -231,7 +231,7 @@ func (p *holdProxy) Invalidate(subjects.Address, subjects.NodeID) {}
 
 // Gone reports whether node is a generation of the proxy that departed:
 // the proxy is its clients' cluster view, which knows a departure before
-// the client is told (FailNode), as a node's membership does.
+// the client is told (failNode), as a node's membership does.
 func (p *holdProxy) Gone(node subjects.NodeID) bool {
 	return node.Name == "hp" && node.Generation < p.gen.Load()
 }
@@ -381,7 +381,7 @@ func TestWindowPositionEvents(t *testing.T) {
 				switch ev {
 				case "depart":
 					old := subjects.NodeID{Name: "hp", Generation: p.gen.Add(1) - 1}
-					c.FailNode(old, "test departure")
+					c.failNode(old, "test departure")
 				case "linkdrop":
 					if err := nc.ForceReconnect(); err != nil {
 						t.Fatal(err)
@@ -519,7 +519,7 @@ func TestSlotWaitersRaceEvents(t *testing.T) {
 			x := subjects.NodeID{Name: "hp", Generation: p.gen.Load()}
 			depart := func() {
 				p.gen.Add(1) // legs to x now go nowhere
-				c.FailNode(x, "test departure")
+				c.failNode(x, "test departure")
 			}
 			timeout := 30 * time.Second
 			if sc == "deadline" || sc == "deadline-racing-depart" {
@@ -801,7 +801,7 @@ func TestLaneChaos(t *testing.T) {
 				_ = nc.ForceReconnect()
 			} else {
 				old := subjects.NodeID{Name: "hp", Generation: p.gen.Add(1) - 1}
-				c.FailNode(old, "chaos")
+				c.failNode(old, "chaos")
 			}
 			events++
 		}

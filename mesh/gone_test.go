@@ -16,7 +16,7 @@ import (
 
 // goneView is a cluster view for a standalone test client: the generations
 // depart declared gone. Like a node's membership, it knows a departure
-// before the client is told (depart: mark, then FailNode), and a newer
+// before the client is told (depart: mark, then failNode), and a newer
 // generation of a name makes the older ones gone.
 type goneView struct {
 	mu   sync.Mutex
@@ -48,7 +48,7 @@ func (v *goneView) mark(node subjects.NodeID) {
 // depart declares node gone and tells c, as a node's session does.
 func (v *goneView) depart(c *Client, node subjects.NodeID, how string) {
 	v.mark(node)
-	c.FailNode(node, how)
+	c.failNode(node, how)
 }
 
 func (v *goneView) asked(node subjects.NodeID) int {
@@ -110,7 +110,7 @@ func TestSenderConsultsView(t *testing.T) {
 // TestStandaloneClientStaticView: a client made with NewClient alone reads
 // the static cluster view: deliveries to a node-hosted address get their
 // verdicts (accepted, a Request's response, a refusal), and a departure
-// notice (FailNode, from whoever tells it) fails what is in flight but
+// notice (failNode, from whoever tells it) fails what is in flight but
 // leaves no mark of its own — the client keeps no second liveness store,
 // so the next delivery to that generation, alive after all, is sent and
 // accepted. (It was failed departed at every attempt when the client
@@ -144,7 +144,7 @@ func TestStandaloneClientStaticView(t *testing.T) {
 		t.Fatal("a delivery of a kind the node does not host was accepted")
 	}
 
-	c.FailNode(n.ID(), "a stale notice")
+	c.failNode(n.ID(), "a stale notice")
 	r, err := c.Deliver(ctx, Delivery{To: "rec/a"})
 	if err != nil || r.Node != n.ID() {
 		t.Fatalf("after a departure notice of a live generation: %+v %v; want accepted (the static view sees it not gone)", r, err)

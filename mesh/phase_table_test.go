@@ -17,7 +17,7 @@ import (
 // flight × every event that can reach it × Idempotent, the way verdict's
 // own table pins the ladder (DESIGN §3, §4; the table in departure.go).
 // Events arrive through the entry points the cluster view and the link
-// watcher use (FailNode, FailInFlight, OwnerMoved, interruptAll), on a
+// watcher use (failNode, failInFlight, ownerMoved, interruptAll), on a
 // flight indexed as the sender indexes it, and the verdict is read as the
 // goroutine working on the flight reads it (causeLocked). Each cell is
 // checked against the three predicates and the reason, in both
@@ -31,11 +31,11 @@ func TestFlightVerdictTable(t *testing.T) {
 		apply func(c *Client)
 	}{
 		{"none", func(*Client) {}},
-		{"departure", func(c *Client) { c.FailNode(owner, "test") }},
+		{"departure", func(c *Client) { c.failNode(owner, "test") }},
 		{"link drop", func(c *Client) { c.interruptAll(evLinkDrop) }},
 		{"closing", func(c *Client) { c.interruptAll(evClosing) }},
-		{"connection moved", func(c *Client) { c.OwnerMoved(owner, moved) }},
-		{"in transit lost", func(c *Client) { c.FailInFlight(owner, moved) }},
+		{"connection moved", func(c *Client) { c.ownerMoved(owner, moved) }},
+		{"in transit lost", func(c *Client) { c.failInFlight(owner, moved) }},
 	}
 	// want: "" (no verdict: the wait goes on), a verdict's reason
 	// ("departed", "outcome-unknown"), or the client's own "closing" and
@@ -164,7 +164,7 @@ func TestTimeoutIsAFact(t *testing.T) {
 				w := &legWait{ch: make(chan *nats.Msg, 1), timer: time.NewTimer(time.Hour)}
 				ctx := context.Background()
 				depart := func() {
-					c.FailNode(owner, "test")
+					c.failNode(owner, "test")
 					f.mu.Lock()
 					at := f.evAt
 					f.mu.Unlock()
@@ -219,7 +219,7 @@ func TestResponseTimeoutIsAFact(t *testing.T) {
 				f := &flight{id: "d1", idempotent: true, request: true, wake: make(chan struct{})}
 				c.address(f, owner, phaseAccepted, false)
 				depart := func() {
-					c.FailNode(owner, "test")
+					c.failNode(owner, "test")
 					f.mu.Lock()
 					at := f.evAt
 					f.mu.Unlock()

@@ -75,8 +75,8 @@ func TestFlightRefStaleAfterReuse(t *testing.T) {
 // Pooled flights and lanes under churn: many sequential and DeliverAsync
 // senders on lanes that come and go (each stream's lane is removed with its
 // last delivery and reused for another), while the owner's connection
-// "moves" (FailInFlight, OwnerMoved), the link "drops" (interruptAll) and
-// other generations depart (FailNode), with a leg timeout short enough
+// "moves" (failInFlight, ownerMoved), the link "drops" (interruptAll) and
+// other generations depart (failNode), with a leg timeout short enough
 // that some legs time out and their replies arrive late. Under -race. Every
 // delivery gets one verdict; an accepted one ran exactly once, none ran
 // twice, and each stream's deliveries ran in call order. No lane is left.
@@ -102,13 +102,13 @@ func TestPooledFlightsAndLanesChurn(t *testing.T) {
 			}
 			switch i % 4 {
 			case 0:
-				c.FailInFlight(n.ID(), moved)
+				c.failInFlight(n.ID(), moved)
 			case 1:
-				c.OwnerMoved(n.ID(), moved)
+				c.ownerMoved(n.ID(), moved)
 			case 2:
 				c.interruptAll(evLinkDrop)
 			case 3:
-				c.FailNode(subjects.NodeID{Name: "gone", Generation: uint64(i)}, "test departure")
+				c.failNode(subjects.NodeID{Name: "gone", Generation: uint64(i)}, "test departure")
 			}
 			_ = c.Saturation()
 			churned.Add(1)

@@ -160,7 +160,7 @@ func releaseTimer(t *time.Timer) {
 // else the caller's cancellation; else the deadline (a timeout).
 //
 // When the accepting owner's connection moves while the response is awaited
-// (OwnerMoved: a server restart, lame duck), the response may be lost in
+// (ownerMoved: a server restart, lame duck), the response may be lost in
 // transit: the request is re-sent to the same generation with the same
 // delivery ID (resendAwaited), and the owner's dedupe answers it with the
 // kept response again, or with verdict.ErrResponseGone — never silence.

@@ -58,7 +58,7 @@ func TestLateRefusalDuringResendIsNotTheVerdict(t *testing.T) {
 		natstest.Eventually(t, 5*time.Second, func() bool {
 			return c.countFlights(func(f *flight) bool { return f.id == id && f.phase == phaseAccepted }) == 1
 		}, "round %d: accepted", i)
-		c.OwnerMoved(node, fmt.Errorf("owner's connection moved: %w", nats.ErrDisconnected))
+		c.ownerMoved(node, fmt.Errorf("owner's connection moved: %w", nats.ErrDisconnected))
 		resend := <-legs
 		if resend.Header.Get("Mesh-Id") != id {
 			t.Fatalf("round %d: re-send of %q", i, resend.Header.Get("Mesh-Id"))

@@ -195,9 +195,9 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 		switch {
 		case e.Type.Departed():
 			n.departures.Add(1)
-			n.Client.FailNode(e.Member.Node, e.Type.String())
+			n.Client.failNode(e.Member.Node, e.Type.String())
 		case e.Type == membership.Moved:
-			n.Client.OwnerMoved(e.Member.Node, fmt.Errorf("owner %s's connection moved (%s) with the leg in flight: %w", e.Member.Node, e.Reason, nats.ErrDisconnected))
+			n.Client.ownerMoved(e.Member.Node, fmt.Errorf("owner %s's connection moved (%s) with the leg in flight: %w", e.Member.Node, e.Reason, nats.ErrDisconnected))
 		}
 		if f := n.cfg.OnMembershipEvent; f != nil {
 			f(e)
@@ -365,7 +365,7 @@ func (n *Node) fencing() {
 // addressed was registered before the old session closed, hence before
 // next's registry read began: one that is not next's live generation of
 // its name then is gone (deleted, expired, marked removed or superseded),
-// and FailNode gives its work the departed verdicts at once (DESIGN §4)
+// and failNode gives its work the departed verdicts at once (DESIGN §4)
 // instead of its legs' timeouts. This node's own previous generation is
 // one of them.
 func (n *Node) failGoneDuringRejoin(addressed []subjects.NodeID, next *session) {
@@ -376,6 +376,6 @@ func (n *Node) failGoneDuringRejoin(addressed []subjects.NodeID, next *session) 
 		if node.Name != next.id.Name { // its own previous generation is no peer's departure
 			n.departures.Add(1)
 		}
-		n.Client.FailNode(node, "departed while this node rejoined")
+		n.Client.failNode(node, "departed while this node rejoined")
 	}
 }

@@ -38,7 +38,7 @@ func (r *movingResolver) Invalidate(subjects.Address, subjects.NodeID) {}
 
 // Gone reports whether node is a "hold" generation the resolver moved on
 // from: the resolver is its client's cluster view, which knows a departure
-// before the client is told (FailNode), as a node's membership does.
+// before the client is told (failNode), as a node's membership does.
 func (r *movingResolver) Gone(node subjects.NodeID) bool {
 	return node.Name == "hold" && (r.done.Load() || node.Generation < r.gen.Load())
 }
@@ -52,7 +52,7 @@ func (r cachedMovingResolver) Cached(subjects.Address) (subjects.NodeID, bool) {
 // TestBreakStagedWaitersPayForDepartures: a stop-and-wait lane (window 1)
 // whose head's leg is in flight to an owner that never answers, and
 // callers waiting behind it in the lane — nothing of theirs sent. The
-// owner departs (FailNode) twice, the lane's owner re-resolved each
+// owner departs (failNode) twice, the lane's owner re-resolved each
 // time, then the real node takes over. With held legs (a resolver without
 // a cache) the waiters are not touched: nothing of them was sent or
 // addressed. With staged legs (the owner cached) every waiter's prepared
@@ -109,13 +109,13 @@ func TestStagedWaitersDoNotPayForDepartures(t *testing.T) {
 				before := legs.Load()
 				old := mr.owner()
 				mr.gen.Add(1)
-				c.FailNode(old, "break: departs")
+				c.failNode(old, "break: departs")
 				// The head is re-sent to the next generation.
 				natstest.Eventually(t, 5*time.Second, func() bool { return legs.Load() > before }, "departure %d: head re-sent", d)
 			}
 			old := mr.owner()
 			mr.done.Store(true)
-			c.FailNode(old, "break: departs, the real node takes over")
+			c.failNode(old, "break: departs, the real node takes over")
 			wg.Wait()
 			var failed []string
 			for i := 1; i <= waiters; i++ {

@@ -115,7 +115,7 @@ func TestAnswerFromAbandonedLeg(t *testing.T) {
 		ownerMu.Lock()
 		owner = y.id
 		ownerMu.Unlock()
-		c.FailNode(x.id, "test: x departed")
+		c.failNode(x.id, "test: x departed")
 		if err := <-done; err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
@@ -163,7 +163,7 @@ func TestAbandonedThenAcceptedBySameGeneration(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { _, err := c.Deliver(ctx, Delivery{To: "rec/a", ID: id}); done <- err }()
 	natstest.Eventually(t, 5*time.Second, func() bool { x.mu.Lock(); defer x.mu.Unlock(); return len(x.held) == 1 }, "leg held by x")
-	c.FailNode(x.id, "test: x thought departed")
+	c.failNode(x.id, "test: x thought departed")
 	if err := <-done; !verdict.IsResendable(err) {
 		t.Fatalf("abandoned leg: %v, want resendable", err)
 	}
@@ -264,7 +264,7 @@ func TestAnswerBeforeAbandonment(t *testing.T) {
 			ownerMu.Lock()
 			owner = y.id
 			ownerMu.Unlock()
-			c.FailNode(x.id, "test: x departed")
+			c.failNode(x.id, "test: x departed")
 			if r := <-done; r.Node != y.id {
 				t.Fatalf("round %d: accepted by %v, want y", round, r.Node)
 			}

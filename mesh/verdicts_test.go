@@ -96,11 +96,11 @@ func TestSlotDepartureRace(t *testing.T) {
 		natstest.Eventually(t, 10*time.Second, func() bool { return res.resolved(a2) == 1 }, "delivery 2 resolved X")
 		x := subjects.NodeID{Name: "x", Generation: uint64(rep + 1)}
 		if rep%2 == 0 {
-			c.FailNode(x, "test departure")
+			c.failNode(x, "test departure")
 			held.release(hang)
 		} else {
 			go held.release(hang)
-			c.FailNode(x, "test departure")
+			c.failNode(x, "test departure")
 		}
 		r1, r2 := <-d1, <-d2
 		cancel()
@@ -208,7 +208,7 @@ func TestSlotDeadline(t *testing.T) {
 		if rep%2 == 1 {
 			go func() {
 				<-ctx.Done()
-				c.FailNode(subjects.NodeID{Name: "x", Generation: uint64(rep + 1)}, "racing the deadline")
+				c.failNode(subjects.NodeID{Name: "x", Generation: uint64(rep + 1)}, "racing the deadline")
 			}()
 		}
 		_, err := c.Deliver(ctx, Delivery{To: addr})
@@ -275,7 +275,7 @@ func TestSlotClosing(t *testing.T) {
 		d2 := c.DeliverAsync(context.Background(), Delivery{To: "rec/wait"})
 		natstest.Eventually(t, 10*time.Second, func() bool { return c.waiting() == 1 }, "delivery 2 waits for the slot")
 		if rep%2 == 1 {
-			go c.FailNode(x, "racing Close")
+			go c.failNode(x, "racing Close")
 		}
 		c.Close()
 		for i, r := range []Result{<-d1, <-d2} {
@@ -318,7 +318,7 @@ func TestBackoffDeparture(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			ch := c.DeliverAsync(ctx, Delivery{To: addr})
 			natstest.Eventually(t, 10*time.Second, func() bool { return c.backingOff() == 1 }, "backing off")
-			c.FailNode(x, "test departure")
+			c.failNode(x, "test departure")
 			r := <-ch
 			cancel()
 			if r.Err != nil || r.Node != surv.ID() || r.Attempts != 2 {
@@ -373,7 +373,7 @@ func TestAcceptedRequestDeparture(t *testing.T) {
 		} else {
 			natstest.Eventually(t, 10*time.Second, func() bool { return in.count(id) == 1 && c.awaiting() == 1 }, "accepted")
 		}
-		c.FailNode(node, "test departure")
+		c.failNode(node, "test departure")
 		err := <-ch
 		cancel()
 		if n := in.count(id); n == 0 && racing {
@@ -425,7 +425,7 @@ func TestResponseDepartureRace(t *testing.T) {
 	s := natstest.RunServer(t)
 	in := acceptIntake(t, s, "acc", func(id string) []byte { return []byte("re:" + id) })
 	c := newClient(t, natstest.Connect(t, s), genResolver("acc"), WithRetry(RetryPolicy{MaxRetries: -1}))
-	in.after = func(node subjects.NodeID) { c.FailNode(node, "racing the response") }
+	in.after = func(node subjects.NodeID) { c.failNode(node, "racing the response") }
 	n := reps(t, 300)
 	var answered, unknown, departed int
 	for rep := range n {

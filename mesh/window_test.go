@@ -76,7 +76,7 @@ func newFaultProxy(t *testing.T, nc *nats.Conn, node *Node) *faultProxy {
 
 // Gone reports whether node is a generation of the proxy that departed:
 // the proxy is its client's cluster view (setView), which knows a
-// departure before the client is told (FailNode, faultDepart), as a node's
+// departure before the client is told (failNode, faultDepart), as a node's
 // membership does.
 func (p *faultProxy) Gone(node subjects.NodeID) bool {
 	return node.Name == "px" && node.Generation < p.gen.Load()
@@ -134,7 +134,7 @@ func (p *faultProxy) leg(m *nats.Msg) {
 		old := d.Node
 		p.gen.Add(1)
 		c := p.client.Load()
-		go c.FailNode(old, "proxy departure")
+		go c.failNode(old, "proxy departure")
 		return
 	case faultEvict:
 		// Nothing queued (the proxy is the only way in, and it waits):
