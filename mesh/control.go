@@ -246,17 +246,20 @@ func (n *Node) Hubs() HubsReport {
 	return r
 }
 
-// serveControl registers the node as a NATS micro service with its control
-// endpoints (controlService: every answer, discovery included, only on a
-// safe reply subject); its metadata names the current session's
-// generation.
-func (n *Node) serveControl() error {
+// serveControl registers session inc's control service: the node as a
+// NATS micro service with its control endpoints (controlService: every
+// answer, discovery included, only on a safe reply subject), its metadata
+// naming inc's generation. The session owns it: session.close stops it
+// (a rejoin's old session, Close, Drain), and stopServing stops the
+// current one for good. A session already closed, or a node that stopped
+// serving, gets none.
+func (n *Node) serveControl(inc *session) error {
 	n.svcMu.Lock()
 	defer n.svcMu.Unlock()
 	if n.svcStopped {
 		return nil
 	}
-	id := n.ID() // one read: the metadata names one generation
+	id := inc.id // the metadata names one generation
 	svc, err := newControlService(n.conn, n.safeReply, Version, "natsmesh node "+id.String(), map[string]string{
 		MetaNode:     id.String(),
 		MetaPrefix:   string(n.prefix),
@@ -283,30 +286,10 @@ func (n *Node) serveControl() error {
 			return err
 		}
 	}
-	n.svc = svc
+	if !inc.setControl(svc) {
+		svc.stop() // the session closed meanwhile
+	}
 	return nil
-}
-
-// restartControl re-registers the control service for a new session, so
-// its metadata (node, generation) is the new generation's.
-func (n *Node) restartControl() {
-	if n.cfg.DisableControl {
-		return
-	}
-	n.svcMu.Lock()
-	old := n.svc
-	n.svc = nil
-	stopped := n.svcStopped
-	n.svcMu.Unlock()
-	if old != nil {
-		old.stop()
-	}
-	if stopped {
-		return
-	}
-	if err := n.serveControl(); err != nil {
-		n.log.Warn("control service not restarted for the new session", "err", err)
-	}
 }
 
 // onDrain runs a drain requested over the control subject.

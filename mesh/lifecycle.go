@@ -43,7 +43,7 @@ func (n *Node) Start() error {
 		}
 	}
 	if !n.cfg.DisableControl {
-		if err := n.serveControl(); err != nil {
+		if err := n.serveControl(n.current()); err != nil {
 			n.Close()
 			return fmt.Errorf("mesh: control service: %w", err)
 		}
@@ -192,10 +192,9 @@ func (n *Node) enterIngress() bool {
 func (n *Node) stopServing() {
 	n.stopIngress()
 	n.svcMu.Lock()
-	svc := n.svc
-	n.svc, n.svcStopped = nil, true
+	n.svcStopped = true // no session serves one from now on
 	n.svcMu.Unlock()
-	if svc != nil {
-		svc.stop()
+	if inc := n.current(); inc != nil {
+		inc.stopControl()
 	}
 }

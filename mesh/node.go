@@ -229,7 +229,6 @@ type Node struct {
 	badReplies              atomic.Int64 // ingress and control requests refused for their reply subject
 	refusedNodeOnly         atomic.Int64 // ingress deliveries refused: a node-only type or an internal kind
 	svcMu                   sync.Mutex
-	svc                     *controlService // the current session's control service
 	svcStopped              bool
 	draining                atomic.Bool
 

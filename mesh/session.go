@@ -20,9 +20,8 @@ import (
 // session is everything stamped with one node generation (DESIGN §1): the
 // generation's delivery subscription and its host (activations, their
 // claims through the directory), its registration, its directory handle,
-// its watcher of membership events, and (restarted with it, see
-// Node.restartControl) the control service whose metadata names the
-// generation. A rejoin ends one session (close) and starts the next
+// its watcher of membership events, and the control service whose
+// metadata names the generation (Node.serveControl). A rejoin ends one session (close) and starts the next
 // (join); the node reads the current one through Node.current and caches
 // none of its parts. Consumers take one snapshot of it (Node.Session) and
 // re-arm when its done channel closes (package syncstream).
@@ -40,6 +39,13 @@ type session struct {
 	// node's kindsMu.
 	announced []string
 
+	// svc is the session's control service (Node.serveControl), nil
+	// before it is served and once it is stopped; svcDone: stopped for
+	// good (the session closed).
+	svcMu   sync.Mutex
+	svc     *controlService
+	svcDone bool
+
 	closeOnce sync.Once
 	// done is closed by retire: the node moved on to the next session
 	// (a rejoin, once it is installed) or stopped (Close, Drain).
@@ -54,6 +60,29 @@ func newSession() *session { return &session{done: make(chan struct{})} }
 // the node stops.
 func (inc *session) retire() { inc.retireOne.Do(func() { close(inc.done) }) }
 
+// setControl gives the session its control service, unless it closed
+// (then it reports false and the caller stops svc).
+func (inc *session) setControl(svc *controlService) bool {
+	inc.svcMu.Lock()
+	defer inc.svcMu.Unlock()
+	if inc.svcDone {
+		return false
+	}
+	inc.svc = svc
+	return true
+}
+
+// stopControl stops the session's control service, for good.
+func (inc *session) stopControl() {
+	inc.svcMu.Lock()
+	svc := inc.svc
+	inc.svc, inc.svcDone = nil, true
+	inc.svcMu.Unlock()
+	if svc != nil {
+		svc.stop()
+	}
+}
+
 // close ends the session, once, for every path that ends one: Close and a
 // fenced generation (leave nil), a failed join (the parts it got), Drain
 // (leave is its graceful leave). Without leave the host closes first: its
@@ -65,6 +94,7 @@ func (inc *session) retire() { inc.retireOne.Do(func() { close(inc.done) }) }
 // its dedupe window.
 func (inc *session) close(leave func(*membership.Membership)) {
 	inc.closeOnce.Do(func() {
+		inc.stopControl() // its metadata names this generation
 		if leave == nil && inc.host != nil {
 			inc.host.Close()
 		}
@@ -344,8 +374,12 @@ func (n *Node) fencing() {
 				n.installKinds()
 				n.failGoneDuringRejoin(addressed, next)
 				n.rejoins.Add(1)
-				n.restartControl() // its metadata names the new generation
-				inc.retire()       // its consumers re-arm on next
+				if !n.cfg.DisableControl {
+					if err := n.serveControl(next); err != nil { // its metadata names the new generation
+						n.log.Warn("control service not served for the new session", "err", err)
+					}
+				}
+				inc.retire() // its consumers re-arm on next
 				break
 			}
 			n.log.Warn("rejoin failed; retrying", "err", err)
