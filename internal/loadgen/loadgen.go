@@ -120,9 +120,17 @@ func Run(ctx context.Context, s Spec, op func(ctx context.Context, lane int) err
 				t0 := time.Now()
 				err := op(ctx, i)
 				if err != nil && ctx.Err() != nil {
-					// Cut short by the stop (or Ctrl-C): no verdict.
-					unfinished.Add(1)
-					return
+					// Cut short by the stop (or Ctrl-C). A delivery the
+					// stop found between attempts was given a verdict
+					// already (e.g. refused ShuttingDown by a draining
+					// target: nothing held): that is its outcome. Else it
+					// had a leg out: no verdict, outcome unknown.
+					last := VerdictBeforeStop(err)
+					if last == nil {
+						unfinished.Add(1)
+						return
+					}
+					err = last
 				}
 				lr.lat = append(lr.lat, time.Since(t0))
 				lr.verdicts[TallyKey(err)]++
@@ -197,6 +205,31 @@ func TallyKey(err error) string {
 		return v + "/cancelled"
 	}
 	return v
+}
+
+// VerdictBeforeStop returns the verdict err carries besides the
+// cancellation that cut its delivery short — the failure of an earlier
+// attempt that a sender joined with the cancellation (errors.Join, as
+// package mesh returns a delivery cancelled between attempts) — or nil when
+// err holds nothing but the cancellation.
+func VerdictBeforeStop(err error) error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		j, ok := e.(interface{ Unwrap() []error })
+		if !ok {
+			continue
+		}
+		var rest []error
+		for _, x := range j.Unwrap() {
+			if x != nil && !errors.Is(x, context.Canceled) {
+				rest = append(rest, x)
+			}
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		return errors.Join(rest...)
+	}
+	return nil
 }
 
 // IsTimeout reports whether err is a timeout (the callee may hold it).

@@ -2,6 +2,8 @@ package loadgen
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -55,5 +57,47 @@ func TestRunStops(t *testing.T) {
 	})
 	if r.Aborted != "target gone" || r.Deliveries >= 1000 {
 		t.Fatalf("not stopped by its cause: %+v", r)
+	}
+}
+
+// A delivery cut short by the stop between attempts keeps the verdict its
+// earlier attempt got (a draining target's ShuttingDown refusal: nothing
+// held); one cut short with nothing but the cancellation is unfinished
+// (outcome unknown). Found by a new user: a bench whose target drained
+// called its refused deliveries "outcome unknown".
+func TestRunStopKeepsEarlierVerdict(t *testing.T) {
+	refused := verdict.New(verdict.ReasonHubShuttingDown, "draining")
+	for _, tc := range []struct {
+		name       string
+		err        func(ctx context.Context) error
+		unfinished int
+		tally      string
+	}{
+		{"refused, then stopped in its back-off", func(ctx context.Context) error {
+			return fmt.Errorf("mesh: deliver d1: %w", errors.Join(fmt.Errorf("cancelled while backing off: %w", context.Cause(ctx)), context.Canceled, refused))
+		}, 0, "ShuttingDown/shutting-down"},
+		{"a leg out when stopped", func(ctx context.Context) error {
+			return fmt.Errorf("mesh: deliver d1: %w", context.Canceled)
+		}, 1, ""},
+		{"only cancellations joined", func(ctx context.Context) error {
+			return errors.Join(context.Canceled, fmt.Errorf("x: %w", context.Canceled))
+		}, 1, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			r := Run(ctx, Spec{N: 10, C: 1}, func(ctx context.Context, _ int) error {
+				cancel(&Stop{Why: "target gone"})
+				return tc.err(ctx)
+			})
+			if r.Unfinished != tc.unfinished {
+				t.Errorf("unfinished %d, want %d: %+v", r.Unfinished, tc.unfinished, r)
+			}
+			if tc.tally != "" && (r.Verdicts[tc.tally] != 1 || r.Deliveries != 1) {
+				t.Errorf("verdicts %v (%d deliveries), want one %s", r.Verdicts, r.Deliveries, tc.tally)
+			}
+			if r.Aborted != "target gone" {
+				t.Errorf("aborted %q", r.Aborted)
+			}
+		})
 	}
 }
