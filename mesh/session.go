@@ -248,7 +248,17 @@ func (n *Node) join(ctx context.Context, lost subjects.NodeID) (*session, error)
 	}
 	inc.dir = dir
 	claims.set(dir)
-	n.log.Info("joined the mesh", "generation", inc.id.String(), "members", len(m.Members()))
+	nodes, subscribers := 0, 0
+	for _, mb := range m.Members() {
+		if mb.Subscriber {
+			subscribers++
+		} else {
+			nodes++
+		}
+	}
+	// Counted as meshctl nodes counts them: subscribers (meshctl
+	// subscribe's processes) apart.
+	n.log.Info("joined the mesh", "generation", inc.id.String(), "members", nodes, "subscribers", subscribers)
 	return inc, nil
 }
 
