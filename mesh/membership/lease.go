@@ -32,6 +32,15 @@ import "time"
 // leaseHeld reports whether this node's last acknowledged own write was
 // issued within the TTL, and this process was not found paused since.
 func (m *Membership) leaseHeld() bool {
+	held, _ := m.lease()
+	return held
+}
+
+// lease is leaseHeld, with why the lease is not held: the process was
+// paused (no heartbeat issued since is acknowledged yet), or just woke (the
+// watchdog has not ticked yet), or its heartbeats went unacknowledged for
+// the TTL.
+func (m *Membership) lease() (held bool, why string) {
 	// lastTick before suspectAt: the watchdog stores suspectAt, then
 	// lastTick, so a fresh tick read here means its suspicion, if any, is
 	// read below too (read the other way round, a turn woken beside the
@@ -42,12 +51,15 @@ func (m *Membership) leaseHeld() bool {
 	start := m.lastOwn.start
 	m.covMu.Unlock()
 	if s := m.suspectAt.Load(); s != 0 && (start.IsZero() || start.UnixNano() <= s) {
-		return false // paused, and no heartbeat issued since is acknowledged yet
+		return false, "this process was paused: no heartbeat issued since is acknowledged yet"
 	}
 	if m.cfg.Clock.Since(time.Unix(0, tick)) > PauseGap {
-		return false // just woken: the watchdog has not ticked yet
+		return false, "this process was paused: it has just woken"
 	}
-	return start.IsZero() || m.cfg.Clock.Since(start) <= m.cfg.TTL
+	if start.IsZero() || m.cfg.Clock.Since(start) <= m.cfg.TTL {
+		return true, ""
+	}
+	return false, "heartbeats unacknowledged for the TTL"
 }
 
 // PauseGap is how long this process may go without its watchdog ticking
@@ -95,12 +107,13 @@ func (m *Membership) LeaseLapsed() bool { return !m.leaseHeld() }
 // noteLease runs on the heartbeat goroutine after every heartbeat: it
 // logs and counts a lapse of the lease once, and its end.
 func (m *Membership) noteLease() {
-	lapsed := !m.leaseHeld()
+	held, why := m.lease()
+	lapsed := !held
 	switch {
 	case lapsed && !m.lapseLogged:
 		m.lapseLogged = true
 		m.lapses.Add(1)
-		m.log.Warn("heartbeats unacknowledged for the TTL: turns stop until one is (registration lease)", "ttl", m.cfg.TTL.String())
+		m.log.Warn(why+": turns stop until a heartbeat is acknowledged (registration lease)", "ttl", m.cfg.TTL.String())
 	case !lapsed && m.lapseLogged:
 		m.lapseLogged = false
 		m.log.Info("registration lease held again: turns resume")
