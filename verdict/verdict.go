@@ -72,17 +72,24 @@ func New(r Reason, format string, args ...any) *Error {
 	return &Error{Type: rungOf(r, Failed).typ, Reason: r, Message: fmt.Sprintf(format, args...)}
 }
 
-// Error formats "<verdict>: <message>[ (node <node>)][: <cause>]".
-func (e *Error) Error() string {
-	msg := e.Message
-	if msg == "" {
-		msg = e.Reason.String()
+// Error formats "<verdict>: <message>[ (node <node>)][: <cause>]". A cause
+// that is itself an *Error is written without its verdict: the text names
+// one verdict, e's (an outcome-unknown Failed whose cause is a departure
+// does not read "ShuttingDown" too).
+func (e *Error) Error() string { return e.Verdict().String() + ": " + e.text() }
+
+// text is Error without the leading verdict.
+func (e *Error) text() string {
+	s := e.Message
+	if s == "" {
+		s = e.Reason.String()
 	}
-	s := e.Verdict().String() + ": " + msg
 	if e.Node != "" {
 		s += " (node " + e.Node + ")"
 	}
-	if e.Err != nil {
+	if inner, ok := e.Err.(*Error); ok {
+		s += ": " + inner.text()
+	} else if e.Err != nil {
 		s += ": " + e.Err.Error()
 	}
 	return s

@@ -210,3 +210,19 @@ func TestErrorMatchesSentinels(t *testing.T) {
 		}
 	}
 }
+
+// An *Error whose cause is another *Error names one verdict, its own: an
+// outcome-unknown Failed caused by a departure does not read
+// "ShuttingDown" as well (a new user grepping logs misread it).
+func TestErrorTextNamesOneVerdict(t *testing.T) {
+	t.Parallel()
+	departed := &Error{Reason: ReasonDeparted, Message: "owner o.7 departed (crash)", Node: "o.7"}
+	e := &Error{Reason: ReasonOutcomeUnknown, Node: "o.7", Err: departed, Message: "accepted by o.7, then its owner departed before its response: the handler may have run"}
+	want := "Failed: accepted by o.7, then its owner departed before its response: the handler may have run (node o.7): owner o.7 departed (crash) (node o.7)"
+	if got := e.Error(); got != want {
+		t.Errorf("text %q\nwant %q", got, want)
+	}
+	if got := (&Error{Reason: ReasonBadRequest, Message: "m", Err: errors.New("io")}).Error(); got != "Failed: m: io" {
+		t.Errorf("text %q", got)
+	}
+}
