@@ -756,10 +756,9 @@ func TestBreakerDepartureIsolation(t *testing.T) {
 	nb, recb := bkNamedNode(t, natstest.Connect(t, s), "bb", hub.Config{})
 	p := newFaultProxy(t, natstest.Connect(t, s), na)
 	c1 := newClient(t, natstest.Connect(t, s), splitResolver{px: p, node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet),
-		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 500}), WithLegTimeout(5*time.Second))
+		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 500}), WithLegTimeout(5*time.Second), WithView(p))
 	c2 := newClient(t, natstest.Connect(t, s), StaticResolver{Node: nb.ID()}, WithWindow(16), WithLogger(bkQuiet))
 	p.client.Store(c1)
-	setView(c1, p) // before anything is sent
 	stop := make(chan struct{})
 	chaos := make(chan int)
 	go func() {

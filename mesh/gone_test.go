@@ -57,10 +57,6 @@ func (v *goneView) asked(node subjects.NodeID) int {
 	return v.asks[node]
 }
 
-// setView makes v c's cluster view, as WithView would have; call it
-// before c sends anything.
-func setView(c *Client, v ClusterView) { c.opts.view = v }
-
 // TestSenderConsultsView: a generation the injected cluster view reports
 // gone gets no leg: work addressed to it fails at once with the resendable
 // departed verdict (and is re-resolved), although the generation is in

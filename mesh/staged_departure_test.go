@@ -83,8 +83,7 @@ func TestStagedWaitersDoNotPayForDepartures(t *testing.T) {
 				res = cachedMovingResolver{mr}
 			}
 			c := newClient(t, natstest.Connect(t, s), res, WithWindow(1), WithClock(newFakeClock()),
-				WithRetry(RetryPolicy{MaxRetries: 2}), WithLegTimeout(time.Minute), WithRequestTimeout(2*time.Minute))
-			setView(c, mr)
+				WithRetry(RetryPolicy{MaxRetries: 2}), WithLegTimeout(time.Minute), WithRequestTimeout(2*time.Minute), WithView(mr))
 			const waiters = 10
 			key := LaneKey{Addr: "rec/w"}
 			type out struct {

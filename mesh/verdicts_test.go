@@ -659,13 +659,12 @@ func TestRepeatedDepartureNoticeKeepsLadder(t *testing.T) {
 	x := subjects.NodeID{Name: "x", Generation: 1} // nobody subscribes: no responders
 	res := newRouteResolver(func(subjects.Address, int) subjects.NodeID { return x })
 	clock := newGatedClock() // back-offs last until the gate opens
-	c := newClient(t, natstest.Connect(t, s), res, WithClock(clock))
+	// The cluster view, which knows x gone from the first notice on, as a
+	// node's does.
+	view := newGoneView()
+	c := newClient(t, natstest.Connect(t, s), res, WithClock(clock), WithView(view))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	// The cluster view, which knows x gone from the first notice on, as a
-	// node's does (set here, before anything is sent: as WithView would).
-	view := newGoneView()
-	setView(c, view)
 	ch := c.DeliverAsync(ctx, Delivery{To: "rec/r"})
 	sleeps := func() int { return len(clock.recorded()) }
 	natstest.Eventually(t, 10*time.Second, func() bool { return c.backingOff() == 1 && sleeps() == 1 }, "first back-off")

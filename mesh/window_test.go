@@ -75,7 +75,7 @@ func newFaultProxy(t *testing.T, nc *nats.Conn, node *Node) *faultProxy {
 }
 
 // Gone reports whether node is a generation of the proxy that departed:
-// the proxy is its client's cluster view (setView), which knows a
+// the proxy is its client's cluster view (WithView), which knows a
 // departure before the client is told (failNode, faultDepart), as a node's
 // membership does.
 func (p *faultProxy) Gone(node subjects.NodeID) bool {
@@ -326,9 +326,8 @@ func windowFaults(t *testing.T, staged, callers bool) {
 		res = cachedFaultProxy{p}
 	}
 	c := newClient(t, natstest.Connect(t, s), res, WithWindow(window), WithLegTimeout(300*time.Millisecond),
-		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add))
+		WithClock(newFakeClock()), WithRetry(RetryPolicy{MaxRetries: 20}), WithLateVerdicts(lates.add), WithView(p))
 	p.client.Store(c)
-	setView(c, p) // before anything is sent
 	const addr = subjects.Address("rec/win")
 	outs := make([][]windowOutcome, streams)
 	var wg sync.WaitGroup
