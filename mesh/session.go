@@ -382,7 +382,10 @@ func (n *Node) fencing() {
 				n.inc = next
 				n.mu.Unlock()
 				n.installKinds()
-				n.failGoneDuringRejoin(addressed, next)
+				// And what was addressed during the rejoin (through the
+				// old session's directory cache, to generations the old
+				// view knew).
+				n.failGoneDuringRejoin(append(addressed, n.Client.addressedNodes()...), next)
 				n.rejoins.Add(1)
 				if !n.cfg.DisableControl {
 					if err := n.serveControl(next); err != nil { // its metadata names the new generation
@@ -405,13 +408,18 @@ func (n *Node) fencing() {
 // failGoneDuringRejoin fails the work addressed to generations that
 // departed while this node rejoined, which neither session reported: the
 // old one's watch was closed, and the new one's registry read (a rejoin's
-// join) does not hold them, so it never emits their departure. Each of
-// addressed was registered before the old session closed, hence before
-// next's registry read began: one that is not next's live generation of
-// its name then is gone (deleted, expired, marked removed or superseded),
-// and failNode gives its work the departed verdicts at once (DESIGN §4)
-// instead of its legs' timeouts. This node's own previous generation is
-// one of them.
+// join) does not hold them, so it never emits their departure. addressed
+// are the generations work was addressed to when the old session closed
+// and when next was installed; each was resolved through the old session
+// (its view, its directory cache), so it registered before next's registry
+// read began: one that is not next's live generation of its name then is
+// gone (deleted, expired, marked removed or superseded), and failNode gives
+// its work the departed verdicts at once (DESIGN §4) instead of its legs'
+// timeouts. This node's own previous generation is one of them. (A
+// generation the old session learnt only from a redirect during the rejoin
+// could have registered after next's read began; next's watch has applied
+// its entry by the time the directory opened, in all but a pathological
+// delay.)
 func (n *Node) failGoneDuringRejoin(addressed []subjects.NodeID, next *session) {
 	for _, node := range addressed {
 		if node == next.id || next.members.Alive(node) {
