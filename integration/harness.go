@@ -259,6 +259,39 @@ func (p *Process) WaitLine(t testing.TB, re *regexp.Regexp, timeout time.Duratio
 	}
 }
 
+// WaitPrinted waits until the process has printed a line matching re, on
+// either pipe, at any time since it started. WaitLine takes the lines in
+// turn and drops those that do not match, so a line printed while another
+// WaitLine was looking for its own (say, a log line on stderr overtaking
+// the serving line on stdout that StartMeshd waits for) is gone from it.
+func (p *Process) WaitPrinted(t testing.TB, re *regexp.Regexp, timeout time.Duration) {
+	t.Helper()
+	printed := func() bool {
+		for _, out := range []string{p.Stderr(), p.Stdout()} {
+			for _, l := range strings.Split(out, "\n") {
+				if re.MatchString(l) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(timeout)
+	for !printed() {
+		select {
+		case <-p.done:
+			if printed() {
+				return
+			}
+			t.Fatalf("process exited (%v) without printing %v\nstdout:\n%s\nstderr:\n%s", p.err, re, p.Stdout(), p.Stderr())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no line matching %v in %v\nstdout:\n%s\nstderr:\n%s", re, timeout, p.Stdout(), p.Stderr())
+		}
+	}
+}
+
 // Signal sends sig to the process.
 func (p *Process) Signal(sig syscall.Signal) error { return p.Cmd.Process.Signal(sig) }
 
