@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/internal/raceexit"
 )
 
 // TestMain keeps the meshd and meshctl processes the tests start off the
 // developer's NATS settings: no nats CLI context (an empty XDG_CONFIG_HOME)
 // and none of the NATS_*, MESHD_* or MESHCTL_* variables they read.
 func TestMain(m *testing.M) {
+	raceexit.Exec() // first: see internal/raceexit
 	dir, err := os.MkdirTemp("", "natsmesh-integration-config-")
 	if err != nil {
 		panic(err)

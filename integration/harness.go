@@ -94,9 +94,15 @@ func Build(t testing.TB) Binaries {
 // tests took 100 s built plain, 188 s so) and the quick suite keeps the
 // short shapes; the long suite (CI's long step) builds them plain, as
 // they are shipped.
+//
+// The quick suite's builds also leave out the DWARF debugging information
+// (-ldflags=-w), as go test does for its test binaries: nothing the tests
+// do reads it (stack dumps, race reports and --version use the binary's
+// own tables), and the four links took 40 % longer with it (6.5 s of CPU
+// instead of 4 s, warm).
 func goBuild() []string {
 	if raceBuild && !natstest.Long() {
-		return []string{"build", "-race"}
+		return []string{"build", "-race", "-ldflags=-w"}
 	}
 	return []string{"build"}
 }
@@ -255,6 +261,39 @@ func (p *Process) WaitLine(t testing.TB, re *regexp.Regexp, timeout time.Duratio
 			case <-time.After(5 * time.Second):
 			}
 			t.Fatalf("no line matching %v in %v (sent SIGQUIT for a stack dump)\nstdout:\n%s\nstderr:\n%s", re, timeout, p.Stdout(), p.Stderr())
+		}
+	}
+}
+
+// WaitPrinted waits until the process has printed a line matching re, on
+// either pipe, at any time since it started. WaitLine takes the lines in
+// turn and drops those that do not match, so a line printed while another
+// WaitLine was looking for its own (say, a log line on stderr overtaking
+// the serving line on stdout that StartMeshd waits for) is gone from it.
+func (p *Process) WaitPrinted(t testing.TB, re *regexp.Regexp, timeout time.Duration) {
+	t.Helper()
+	printed := func() bool {
+		for _, out := range []string{p.Stderr(), p.Stdout()} {
+			for _, l := range strings.Split(out, "\n") {
+				if re.MatchString(l) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(timeout)
+	for !printed() {
+		select {
+		case <-p.done:
+			if printed() {
+				return
+			}
+			t.Fatalf("process exited (%v) without printing %v\nstdout:\n%s\nstderr:\n%s", p.err, re, p.Stdout(), p.Stderr())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no line matching %v in %v\nstdout:\n%s\nstderr:\n%s", re, timeout, p.Stdout(), p.Stderr())
 		}
 	}
 }

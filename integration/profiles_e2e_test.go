@@ -294,7 +294,9 @@ func TestDocumentedProductionSetup(t *testing.T) {
 			t.Errorf("meshd %s does not listen on the advisory of its account MESH:\n%s", md.Node, md.Stderr())
 		}
 		// Its self-check saw them arrive: the docs' accounts import them.
-		md.WaitLine(t, regexp.MustCompile(`"msg":"disconnect advisories verified`), 20*time.Second)
+		// Printed just after the serving line StartMeshd waited for, on the
+		// other pipe: it may have reached that wait first.
+		md.WaitPrinted(t, regexp.MustCompile(`"msg":"disconnect advisories verified`), 20*time.Second)
 	}
 	waitMembers(t, c.URL(), creds["operator"], 3)
 	serverLogs := func() string {

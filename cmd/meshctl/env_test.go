@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/natsmesh/natsmesh/internal/natstest"
+	"github.com/natsmesh/natsmesh/internal/raceexit"
 )
 
 // TestMain keeps the tests off the developer's NATS settings: no nats CLI
 // context (an empty XDG_CONFIG_HOME) and none of the variables meshctl
 // reads, so every test sets exactly what it means.
 func TestMain(m *testing.M) {
+	raceexit.Exec() // first: see internal/raceexit
 	dir, err := os.MkdirTemp("", "meshctl-test-config-")
 	if err != nil {
 		panic(err)

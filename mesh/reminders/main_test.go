@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+
+	"github.com/natsmesh/natsmesh/internal/raceexit"
 )
 
 // TestMain runs this package's tests up to eight at a time (unless
@@ -15,6 +17,7 @@ import (
 // (GOMAXPROCS on the 2-core machine) the package took 30 s of the README's
 // quick suite, which must fit five minutes cold.
 func TestMain(m *testing.M) {
+	raceexit.Exec() // first: see internal/raceexit
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
