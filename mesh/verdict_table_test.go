@@ -18,19 +18,19 @@ import (
 // flightEventIn is the verdict of event ev recorded on a flight in phase p
 // (idempotent or not), read as the goroutine working on the flight reads it
 // (causeLocked): the table's events are the real ones, not copies.
-func flightEventIn(p phase, ev event, idempotent bool) (error, time.Time) {
+func flightEventIn(p phase, ev event, idempotent bool) (time.Time, error) {
 	owner := subjects.NodeID{Name: "o", Generation: 7}
 	f := &flight{id: "d1", idempotent: idempotent, request: true, node: owner, phase: p, wake: make(chan struct{})}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if ev == evNone {
-		return nil, time.Time{}
+		return time.Time{}, nil
 	}
 	if ev == evMoved {
 		f.evErr = fmt.Errorf("owner's connection moved with the leg in flight: %w", nats.ErrDisconnected)
 	}
 	f.recordLocked(ev, "test")
-	return f.causeLocked(), f.evAt
+	return f.evAt, f.causeLocked()
 }
 
 // ladderOf names an error by the fact it reports, for the tables below:
@@ -153,7 +153,7 @@ func TestLegVerdictTable(t *testing.T) {
 	}{{evNone, ""}, {evDeparted, "departed"}, {evLinkDrop, "disconnected"}, {evClosing, "closing"}, {evMoved, "disconnected"}}
 	rows := 0
 	for _, e := range events {
-		evErr, _ := flightEventIn(phaseSent, e.ev, false)
+		_, evErr := flightEventIn(phaseSent, e.ev, false)
 		for _, answered := range []bool{false, true} {
 			for _, timedOut := range []bool{false, true} {
 				// A reply is the fact, whatever else is recorded.
@@ -250,7 +250,7 @@ func TestResponseVerdictTable(t *testing.T) {
 	for _, a := range answers {
 		for _, e := range events {
 			for _, idem := range []bool{false, true} {
-				evErr, at := flightEventIn(phaseAccepted, e.ev, idem)
+				at, evErr := flightEventIn(phaseAccepted, e.ev, idem)
 				for _, end := range ends {
 					for _, after := range []bool{false, true} {
 						rows++
