@@ -590,8 +590,16 @@ func TestClusterStateFencing(t *testing.T) {
 			// The held turn's save fails fenced; its request is not
 			// acknowledged.
 			natstest.Eventually(t, 30*time.Second, func() bool { _, ok := hw.saved(holdID); return ok }, "the held turn's save reported")
-			if e, _ := hw.saved(holdID); !strings.Contains(e, hub.ErrStateFenced.Error()) {
-				t.Errorf("the stale save: %q, want %v", e, hub.ErrStateFenced)
+			// Fenced — or, when the node's own fencing cancelled the turn
+			// while its save was out (the frozen node wakes, finds itself
+			// gone and closes its session), unknown with the successor
+			// named as the record's owner since: the store cannot tell a
+			// refused write from one cut short. Either way not
+			// acknowledged, and the checks below show nothing of it is
+			// stored. (Seen once in CI's long step, freeze.)
+			if e, _ := hw.saved(holdID); !strings.Contains(e, hub.ErrStateFenced.Error()) &&
+				!(strings.Contains(e, hub.ErrStateUnknown.Error()) && strings.Contains(e, "context canceled") && strings.Contains(e, "of "+successor.Name+".")) {
+				t.Errorf("the stale save: %q, want %v (or unknown, cut short by its own fencing, replaced by %s)", e, hub.ErrStateFenced, successor)
 			}
 			if err := <-held; err == nil {
 				t.Error("the held request was acknowledged")
