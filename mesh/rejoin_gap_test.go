@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsmesh/natsmesh/hub"
@@ -30,20 +32,7 @@ func TestWorkSentDuringRejoinReachesSender(t *testing.T) {
 	s := natstest.RunServer(t)
 	admin := natstest.Connect(t, s)
 	js, _ := jetstream.New(admin)
-	release := make(chan struct{})
-	recB := newRecorder()
-	recB.fn = func(ctx context.Context, d *hub.Delivery) error {
-		if d.ID == "warm" {
-			return nil
-		}
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	}
-	b, bConn := clusterNodeWith(t, s, "b", recB, steadyMembership)
-	t.Cleanup(func() { close(release) })
+	b, bConn, recB := holdingPeer(t, s)
 	var a *Node
 	var mu sync.Mutex
 	calls := 0
@@ -77,12 +66,7 @@ func TestWorkSentDuringRejoinReachesSender(t *testing.T) {
 		if recB.total() == before {
 			t.Errorf("the request sent during the rejoin did not reach b")
 		}
-		bConn.Close()
-		kv, err := js.KeyValue(context.Background(), membership.BucketName(subjects.DefaultPrefix))
-		if err != nil {
-			return err
-		}
-		return kv.Delete(context.Background(), "b")
+		return departPeer(js, bConn, "b")
 	}
 	a, _ = clusterNodeWith(t, s, "a", nil, mc)
 	waitMembers(t, 2, a, b)
@@ -104,4 +88,39 @@ func TestWorkSentDuringRejoinReachesSender(t *testing.T) {
 	if verdict.ReasonOf(r.err) != verdict.ReasonOutcomeUnknown || verdict.IsResendable(r.err) {
 		t.Errorf("got %v (reason %q) after %v, want outcome unknown promptly (not the deadline's timeout)", r.err, verdict.ReasonOf(r.err), r.took)
 	}
+}
+
+// holdingPeer starts node "b" hosting kind rec on s, whose turns are held
+// until the test ends (a delivery with ID "warm" excepted): a Request
+// accepted by b gets no response. It returns b, its connection and its
+// recorder.
+func holdingPeer(t *testing.T, s *server.Server) (*Node, *nats.Conn, *recorder) {
+	t.Helper()
+	release := make(chan struct{})
+	rec := newRecorder()
+	rec.fn = func(ctx context.Context, d *hub.Delivery) error {
+		if d.ID == "warm" {
+			return nil
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	b, nc := clusterNodeWith(t, s, "b", rec, steadyMembership)
+	t.Cleanup(func() { close(release) })
+	return b, nc, rec
+}
+
+// departPeer makes the peer named name on nc depart: its process first
+// (closing its connection, so that no response of an ended turn reaches a
+// sender), then its registry entry (expired, say).
+func departPeer(js jetstream.JetStream, nc *nats.Conn, name string) error {
+	nc.Close()
+	kv, err := js.KeyValue(context.Background(), membership.BucketName(subjects.DefaultPrefix))
+	if err != nil {
+		return err
+	}
+	return kv.Delete(context.Background(), name)
 }

@@ -327,18 +327,7 @@ func TestDepartureDuringRejoinReachesSender(t *testing.T) {
 	s := natstest.RunServer(t)
 	admin := natstest.Connect(t, s)
 	js, _ := jetstream.New(admin)
-	release := make(chan struct{})
-	recB := newRecorder()
-	recB.fn = func(ctx context.Context, d *hub.Delivery) error {
-		select { // the turn outlives the test's requests: no response comes
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	}
-	b, bConn := clusterNodeWith(t, s, "b", recB, steadyMembership)
-	t.Cleanup(func() { close(release) })
-	var gens sync.Map // a's generations, in order of the hook's calls
+	b, bConn, recB := holdingPeer(t, s) // its turns outlive the test's requests: no response comes
 	var calls int
 	var mu sync.Mutex
 	mc := steadyMembership
@@ -347,16 +336,8 @@ func TestDepartureDuringRejoinReachesSender(t *testing.T) {
 		calls++
 		second := calls == 2
 		mu.Unlock()
-		gens.Store(id, true)
 		if second { // a's rejoin: b departs now, unseen by either of a's sessions
-			// Its process first (a response of its ended turn would
-			// reach a otherwise), then its entry (expired, say).
-			bConn.Close()
-			kv, err := js.KeyValue(context.Background(), membership.BucketName(subjects.DefaultPrefix))
-			if err != nil {
-				return err
-			}
-			if err := kv.Delete(context.Background(), "b"); err != nil {
+			if err := departPeer(js, bConn, "b"); err != nil {
 				return err
 			}
 		}
