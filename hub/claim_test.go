@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,6 +25,10 @@ type gateClaims struct {
 	open chan struct{}
 	// onClaim, if set, runs inside Claim after the gate.
 	onClaim func(subjects.Address)
+
+	// pipelined: claimHost gives the host pipeGate{g}, a
+	// PipelinedClaims, instead of g.
+	pipelined bool
 
 	mu       sync.Mutex
 	held     map[subjects.Address]ClaimToken
@@ -71,6 +77,44 @@ func (g *gateClaims) Release(t ClaimToken) {
 	g.mu.Unlock()
 }
 
+// newGateClaimsOn is newGateClaims of node h.1, pipelined or not.
+func newGateClaimsOn(pipelined bool) *gateClaims {
+	g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
+	g.pipelined = pipelined
+	return g
+}
+
+// bothClaimPaths runs test on a host whose Claims is plain (a goroutine per
+// claim) and on one whose Claims is pipelined (TryClaim first, then Claim
+// when the plain case did not settle it).
+func bothClaimPaths(t *testing.T, test func(t *testing.T, pipelined bool)) {
+	t.Parallel()
+	for _, pipelined := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pipelined=%v", pipelined), func(t *testing.T) {
+			t.Parallel()
+			test(t, pipelined)
+		})
+	}
+}
+
+// pipeGate is gateClaims as a PipelinedClaims: TryClaim runs the gated
+// claim on a goroutine of its own and reports it as the plain case, except
+// for addresses whose name begins "fallback" (never the plain case, like a
+// key that exists) and claims that failed (the host's Claim then runs, as
+// it does after a directory's TryClaim that did not settle).
+type pipeGate struct{ *gateClaims }
+
+func (p pipeGate) TryClaim(ctx context.Context, addr subjects.Address, done func(Grant, bool)) {
+	go func() {
+		if strings.HasPrefix(addr.ID(), "fallback") {
+			done(Grant{}, false)
+			return
+		}
+		g, err := p.Claim(ctx, addr)
+		done(g, err == nil)
+	}()
+}
+
 func (g *gateClaims) heldCount() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -101,6 +145,9 @@ func (o *orderHub) handled(addr subjects.Address) []string {
 func claimHost(t *testing.T, nc *nats.Conn, g *gateClaims, cfg Config) (*Host, *orderHub) {
 	t.Helper()
 	cfg.Conn, cfg.Node, cfg.Claims = nc, g.node, g
+	if g.pipelined {
+		cfg.Claims = pipeGate{g}
+	}
 	h, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -141,11 +188,12 @@ func send(nc *nats.Conn, node subjects.NodeID, addr subjects.Address, id, payloa
 // to warm addresses are accepted and handled; the cold address's
 // deliveries park unanswered, then are Accepted and handled in arrival
 // order once the claim succeeds — each with one verdict.
-func TestClaimOffIntake(t *testing.T) {
-	t.Parallel()
+func TestClaimOffIntake(t *testing.T) { bothClaimPaths(t, testClaimOffIntake) }
+
+func testClaimOffIntake(t *testing.T, pipelined bool) {
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
-	g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
+	g := newGateClaimsOn(pipelined)
 	h, o := claimHost(t, nc, g, Config{})
 	if err := <-send(nc, g.node, "fast/warm", "w0", "0"); err != nil {
 		t.Fatal(err)
@@ -188,11 +236,12 @@ func TestClaimOffIntake(t *testing.T) {
 // TestClaimParkBounds: past the per-address parking bound and past the
 // node-wide backlog, deliveries are refused Ignored (inbox full) at once;
 // the parked ones still get exactly one verdict each.
-func TestClaimParkBounds(t *testing.T) {
-	t.Parallel()
+func TestClaimParkBounds(t *testing.T) { bothClaimPaths(t, testClaimParkBounds) }
+
+func testClaimParkBounds(t *testing.T, pipelined bool) {
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
-	g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
+	g := newGateClaimsOn(pipelined)
 	h, _ := claimHost(t, nc, g, Config{ParkPerAddress: 3, ParkBacklog: 5})
 	var parked []<-chan error
 	for i := range 3 {
@@ -221,11 +270,12 @@ func TestClaimParkBounds(t *testing.T) {
 }
 
 // TestClaimsPipelined: claims of many cold addresses are in flight at once.
-func TestClaimsPipelined(t *testing.T) {
-	t.Parallel()
+func TestClaimsPipelined(t *testing.T) { bothClaimPaths(t, testClaimsPipelined) }
+
+func testClaimsPipelined(t *testing.T, pipelined bool) {
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
-	g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
+	g := newGateClaimsOn(pipelined)
 	h, _ := claimHost(t, nc, g, Config{ClaimConcurrency: 16})
 	var chs []<-chan error
 	for i := range 40 {
@@ -248,13 +298,112 @@ func TestClaimsPipelined(t *testing.T) {
 	}
 }
 
-// TestClaimFailureRefusesParked: a failed claim refuses every parked
-// delivery once with the resendable directory verdict, and holds nothing.
-func TestClaimFailureRefusesParked(t *testing.T) {
+// TestPipelinedClaimQueue: with a pipelined Claims and two claim slots, a
+// burst of cold addresses — some settled by the plain case, some needing
+// the whole claim (fallback) — all activate, each address's deliveries in
+// arrival order, never more than two claims in flight; and a host closed
+// with claims queued for a slot gives every parked delivery one resendable
+// verdict and leaves nothing claimed or running.
+func TestPipelinedClaimQueue(t *testing.T) {
 	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
-	g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
+	t.Run("burst", func(t *testing.T) {
+		g := newGateClaimsOn(true)
+		close(g.open)
+		h, o := claimHost(t, nc, g, Config{ClaimConcurrency: 2})
+		// Published in order on one connection (their arrival order),
+		// each address's three interleaved with the others'.
+		inbox := nc.NewInbox()
+		verdicts := make(chan *nats.Msg, 90)
+		sub, err := nc.ChanSubscribe(inbox+".*", verdicts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+		var addrs []subjects.Address
+		for i := range 30 {
+			addr := subjects.Address(fmt.Sprintf("fast/%d", i))
+			if i%3 == 0 {
+				addr = subjects.Address(fmt.Sprintf("fast/fallback-%d", i))
+			}
+			addrs = append(addrs, addr)
+		}
+		for j := range 3 {
+			for i, addr := range addrs {
+				m := nats.NewMsg(subjects.DefaultPrefix.Delivery(g.node, addr, ""))
+				m.Header.Set(HeaderID, fmt.Sprintf("%d-%d", i, j))
+				m.Data = []byte(fmt.Sprint(j))
+				m.Reply = fmt.Sprintf("%s.%d-%d", inbox, i, j)
+				if err := nc.PublishMsg(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for range 90 {
+			select {
+			case r := <-verdicts:
+				if _, err := verdict.Decode(r.Header); err != nil {
+					t.Fatalf("delivery %s: %v", r.Subject, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("not every delivery was answered")
+			}
+		}
+		for _, addr := range addrs {
+			natstest.Eventually(t, 5*time.Second, func() bool { return len(o.handled(addr)) == 3 }, "%s handled", addr)
+			if got := o.handled(addr); !slices.Equal(got, []string{"0", "1", "2"}) {
+				t.Fatalf("%s handled %v", addr, got)
+			}
+		}
+		g.mu.Lock()
+		peak := g.peak
+		g.mu.Unlock()
+		if peak > 2 {
+			t.Fatalf("peak claims in flight %d, over the bound 2", peak)
+		}
+		if st := h.Stats(); st.Claiming != 0 || st.Parked != 0 || st.Activations != 30 || g.heldCount() != 30 {
+			t.Fatalf("after: %+v, held %d", st, g.heldCount())
+		}
+	})
+	t.Run("close", func(t *testing.T) {
+		before := natstest.SnapshotGoroutines()
+		g := newGateClaimsOn(true)
+		cfg := Config{Conn: nc, Node: g.node, Claims: pipeGate{g}, ClaimConcurrency: 1}
+		h, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = h.Register("slow", (&orderHub{got: map[subjects.Address][]string{}}).factory)
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var chs []<-chan error
+		for i := range 10 {
+			chs = append(chs, send(nc, g.node, subjects.Address(fmt.Sprintf("slow/%d", i)), fmt.Sprint(i), ""))
+		}
+		natstest.Eventually(t, 5*time.Second, func() bool { return h.Stats().Parked == 10 }, "parked")
+		h.Close()
+		for i, ch := range chs {
+			if err := <-ch; err == nil || !verdict.IsResendable(err) {
+				t.Fatalf("parked delivery %d after Close: %v", i, err)
+			}
+		}
+		if st := h.Stats(); st.Claiming != 0 || st.Parked != 0 || st.Activations != 0 || g.heldCount() != 0 {
+			t.Fatalf("after Close: %+v, held %d", st, g.heldCount())
+		}
+		natstest.NoGoroutineLeak(t, before, 0, 5*time.Second)
+	})
+}
+
+// TestClaimFailureRefusesParked: a failed claim refuses every parked
+// delivery once with the resendable directory verdict, and holds nothing.
+func TestClaimFailureRefusesParked(t *testing.T) { bothClaimPaths(t, testClaimFailureRefusesParked) }
+
+func testClaimFailureRefusesParked(t *testing.T, pipelined bool) {
+	s := natstest.RunServer(t)
+	nc := natstest.Connect(t, s)
+	g := newGateClaimsOn(pipelined)
 	h, _ := claimHost(t, nc, g, Config{})
 	var chs []<-chan error
 	for i := range 5 {
@@ -275,13 +424,14 @@ func TestClaimFailureRefusesParked(t *testing.T) {
 // TestActivateDrainingReleasesClaim: a claim taken by a host that is found
 // draining right after claiming is released (it used to leak), on both the
 // parked path and the explicit Activate path.
-func TestActivateDrainingReleasesClaim(t *testing.T) {
-	t.Parallel()
+func TestActivateDrainingReleasesClaim(t *testing.T) { bothClaimPaths(t, testActivateDrainingReleasesClaim) }
+
+func testActivateDrainingReleasesClaim(t *testing.T, pipelined bool) {
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	for _, explicit := range []bool{false, true} {
 		t.Run(fmt.Sprintf("explicit=%v", explicit), func(t *testing.T) {
-			g := newGateClaims(subjects.NodeID{Name: "h", Generation: 1})
+			g := newGateClaimsOn(pipelined)
 			h, _ := claimHost(t, nc, g, Config{})
 			g.onClaim = func(subjects.Address) {
 				h.mu.Lock()
@@ -296,9 +446,10 @@ func TestActivateDrainingReleasesClaim(t *testing.T) {
 			} else if err := <-send(nc, g.node, "fast/x", "1", ""); verdict.Classify(err) != verdict.ShuttingDown {
 				t.Fatalf("delivery while draining: %v", err)
 			}
-			if n := g.heldCount(); n != 0 {
-				t.Fatalf("%d claims held after a draining activation", n)
-			}
+			// Released before the verdict, or (pipelined: the claim ends
+			// on the pipeline's goroutine, which never blocks on the
+			// network) right after it.
+			natstest.Eventually(t, 5*time.Second, func() bool { return g.heldCount() == 0 }, "claims held after a draining activation: %d", g.heldCount())
 			if st := h.Stats(); st.Activations != 0 {
 				t.Fatalf("activations: %+v", st)
 			}

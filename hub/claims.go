@@ -28,6 +28,28 @@ type Claims interface {
 	Release(t ClaimToken)
 }
 
+// PipelinedClaims is a Claims that can also start the plain case of a
+// claim — the address has no claim at all, and one write makes it this
+// node's — without a goroutine of the caller's waiting for it (DESIGN §5,
+// "Claims pipelined"). A storm of cold addresses then costs the host no
+// goroutine, semaphore wake-up or request round trip per address: the
+// writes go out as they come, and their acknowledgements settle them on the
+// implementation's goroutine.
+type PipelinedClaims interface {
+	Claims
+	// TryClaim starts the plain case of a claim of addr and returns without
+	// blocking. It calls done exactly once, never before it returned and
+	// never on the caller's goroutine: with the grant (ok, Grant.Owner this
+	// node, a token) when the plain case applied, or with ok false when it
+	// did not or could not be told (the address is claimed already, a
+	// released claim's marker is in the way, the write failed, ctx ended
+	// first). ok false says nothing about the address: the caller runs
+	// Claim for the whole claim — a plain write that landed unseen is this
+	// node's and Claim re-adopts it. done must not block: it runs on the
+	// goroutine that settles every pipelined claim.
+	TryClaim(ctx context.Context, addr subjects.Address, done func(g Grant, ok bool))
+}
+
 // Grant is what a claim returned: the owner, and when that is this node,
 // the token of the claim.
 type Grant struct {

@@ -239,6 +239,12 @@ type Host struct {
 	draining bool
 	sub      *nats.Subscription
 	claimSem chan struct{}
+	// claimQ holds pipelined claims waiting for a slot of claimSem, in
+	// arrival order (startClaim, releaseClaimSlot); claimQMu guards it,
+	// and makes "no slot free" and "queued" one step against a slot freed
+	// meanwhile.
+	claimQMu sync.Mutex
+	claimQ   []*claimOp
 
 	ctx    context.Context // cancelled by Close: builds and handlers
 	cancel context.CancelFunc

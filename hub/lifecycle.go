@@ -46,9 +46,18 @@ func (h *Host) activate(addr subjects.Address) (*activation, error) {
 			h.claiming[addr] = op
 			h.wg.Add(1)
 			h.mu.Unlock()
-			h.runClaim(op)
+			pc, pipelined := h.cfg.Claims.(PipelinedClaims)
+			if !pipelined {
+				h.runClaim(op)
+			} else {
+				h.startClaim(pc, op)
+			}
 		} else {
 			h.mu.Unlock()
+		}
+		select {
+		case <-op.done: // ended (runClaim returns once it has)
+		default:
 			select {
 			case <-op.done:
 			case <-h.ctx.Done():

@@ -57,49 +57,130 @@ func (h *Host) park(m *nats.Msg, e *entry) (parked bool, err error) {
 	if !ok {
 		return false, verdict.New(verdict.ReasonUnknownKind, "node %s hosts no hub of kind %q", h.nodeID, addr.Kind())
 	}
+	pc, pipelined := h.cfg.Claims.(PipelinedClaims)
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	op, start, err := h.parkLocked(m, e, f, pipelined)
+	h.mu.Unlock()
+	if start {
+		h.startClaim(pc, op) // after the host's lock: the claim may settle at once
+	}
+	return op != nil, err
+}
+
+// parkLocked is park under the host's lock: it returns the claim e was
+// parked on (nil: not parked), whether that claim is new and still to be
+// started through the pipeline, or the refusal.
+func (h *Host) parkLocked(m *nats.Msg, e *entry, f Factory, pipelined bool) (op *claimOp, start bool, err error) {
+	addr := e.To
 	switch {
 	case h.draining || h.ctx.Err() != nil:
-		return false, verdict.New(verdict.ReasonHubShuttingDown, "node %s is draining", h.nodeID)
+		return nil, false, verdict.New(verdict.ReasonHubShuttingDown, "node %s is draining", h.nodeID)
 	case h.activations[addr] != nil:
-		return false, nil
+		return nil, false, nil
 	case h.parked >= h.cfg.ParkBacklog:
 		h.parkRefused.Add(1)
-		return false, verdict.New(verdict.ReasonInboxFull, "node %s has %d deliveries parked on claims in flight (the limit)", h.nodeID, h.parked)
+		return nil, false, verdict.New(verdict.ReasonInboxFull, "node %s has %d deliveries parked on claims in flight (the limit)", h.nodeID, h.parked)
 	}
-	op := h.claiming[addr]
+	op = h.claiming[addr]
 	if op == nil {
 		op = newClaimOp(addr, f)
 		h.claiming[addr] = op
 		h.wg.Add(1)
-		go h.runClaim(op)
+		if pipelined {
+			start = true
+		} else {
+			go h.runClaim(op)
+		}
 	} else if len(op.parked) >= h.cfg.ParkPerAddress {
 		h.parkRefused.Add(1)
-		return false, verdict.New(verdict.ReasonInboxFull, "%d deliveries for %s are parked on its claim (the limit)", len(op.parked), addr)
+		return nil, false, verdict.New(verdict.ReasonInboxFull, "%d deliveries for %s are parked on its claim (the limit)", len(op.parked), addr)
 	}
 	op.parked = append(op.parked, parkedDelivery{m: m, e: e})
 	h.parked++
-	return true, nil
+	return op, start, nil
 }
 
-// runClaim claims op's address, then activates it and enqueues the parked
-// deliveries in arrival order (under the host's lock, so nothing arriving
-// later overtakes them), or refuses them all with the claim's failure.
+// runClaim claims op's address on its own goroutine (a Claims that is not
+// pipelined), then finishes it (finishClaim).
 func (h *Host) runClaim(op *claimOp) {
-	defer h.wg.Done()
-	addr := op.addr
 	var g Grant
 	var err error
 	select {
 	case h.claimSem <- struct{}{}:
 		ctx, cancel := context.WithTimeout(h.ctx, ClaimTimeout+TakeoverWait)
-		g, err = h.cfg.Claims.Claim(ctx, addr)
+		g, err = h.cfg.Claims.Claim(ctx, op.addr)
 		cancel()
 		<-h.claimSem
 	case <-h.ctx.Done():
 		err = h.ctx.Err()
 	}
+	h.finishClaim(op, g, err, false)
+}
+
+// startClaim starts op's claim through pc's pipeline when one of the
+// ClaimConcurrency slots is free, or queues it for the next slot a claim
+// frees (releaseClaimSlot): claims start in the order their addresses
+// arrived, and no goroutine waits for a slot.
+func (h *Host) startClaim(pc PipelinedClaims, op *claimOp) {
+	h.claimQMu.Lock()
+	select {
+	case h.claimSem <- struct{}{}:
+		h.claimQMu.Unlock()
+		h.tryClaim(pc, op)
+	default:
+		h.claimQ = append(h.claimQ, op)
+		h.claimQMu.Unlock()
+	}
+}
+
+// tryClaim runs op's claim, holding a slot: its plain case through the
+// pipeline, and the whole claim (Claims.Claim, on a goroutine, with what is
+// left of the claim's time) when the plain case did not settle it. It
+// frees the slot, then finishes the claim.
+func (h *Host) tryClaim(pc PipelinedClaims, op *claimOp) {
+	ctx, cancel := context.WithTimeout(h.ctx, ClaimTimeout+TakeoverWait)
+	pc.TryClaim(ctx, op.addr, func(g Grant, ok bool) {
+		if !ok {
+			go func() {
+				g, err := pc.Claim(ctx, op.addr)
+				cancel()
+				h.releaseClaimSlot(pc)
+				h.finishClaim(op, g, err, false)
+			}()
+			return
+		}
+		cancel()
+		h.releaseClaimSlot(pc)
+		h.finishClaim(op, g, nil, true)
+	})
+}
+
+// releaseClaimSlot hands the slot of a claim that ended to the longest
+// queued claim, or frees it.
+func (h *Host) releaseClaimSlot(pc PipelinedClaims) {
+	h.claimQMu.Lock()
+	if len(h.claimQ) == 0 {
+		<-h.claimSem
+		h.claimQMu.Unlock()
+		return
+	}
+	next := h.claimQ[0]
+	h.claimQ[0] = nil
+	h.claimQ = h.claimQ[1:]
+	h.claimQMu.Unlock()
+	h.tryClaim(pc, next)
+}
+
+// finishClaim ends op's claim, whose outcome is g and err: it activates
+// the address and enqueues the parked deliveries in arrival order (under
+// the host's lock, so nothing arriving later overtakes them), or refuses
+// them all with the claim's failure. On the pipeline's goroutine
+// (pipelined) it never blocks on the network: a claim made while the host
+// began draining is released on a goroutine of its own; elsewhere before
+// it returns.
+func (h *Host) finishClaim(op *claimOp, g Grant, err error, pipelined bool) {
+	defer h.wg.Done()
+	addr := op.addr
 	var refusal error
 	switch {
 	case err != nil:
@@ -157,7 +238,14 @@ func (h *Host) runClaim(op *claimOp) {
 	}
 	h.mu.Unlock()
 	close(op.done)
-	if release {
+	switch {
+	case release && pipelined:
+		h.wg.Add(1) // within finishClaim's own count: Close still waits for it
+		go func() {
+			defer h.wg.Done()
+			h.cfg.Claims.Release(g.Token)
+		}()
+	case release:
 		h.cfg.Claims.Release(g.Token)
 	}
 	for _, o := range out {

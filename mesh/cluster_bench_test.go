@@ -1,10 +1,15 @@
 package mesh
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -116,72 +121,229 @@ var discardLogger = slog.New(slog.DiscardHandler)
 // claim, pipelined off the subscription goroutine), in the same run. Warm
 // deliveries must not wait behind other addresses' claims. Run with
 // -benchtime=1x: each iteration is the whole scenario.
+//
+// Two shapes of the cold sender ("loader"):
+//   - loader=process: a node in a process of its own (this test binary
+//     re-executed as TestColdLoaderProcess), 256 callers, as a storm from
+//     other services arrives in production. The owner's process holds the
+//     owner node, its warm caller and the NATS server (meshd's default:
+//     an embedded server).
+//   - loader=process-nice: the same at nice 19, so that on a small machine
+//     the loader's own CPU (in production another machine's) takes the
+//     cores only when the owner's process leaves them: what is left is
+//     what the storm costs the owner's process itself.
+//   - loader=in-process: the same node in the owner's process, one
+//     goroutine per cold delivery (10 000 at once). The warm caller then
+//     also waits in the Go scheduler's run queue behind the loader's
+//     goroutines: what it measures is mostly that queue (an execution
+//     trace's scheduler-latency profile), not the owner's intake.
 func BenchmarkWarmUnderColdActivations(b *testing.B) {
-	const cold, warm = 10000, 2000
-	for i := 0; i < b.N; i++ {
-		s := natstest.RunServer(b)
-		mc := fastMembership
-		mc.Heartbeat, mc.TTL = time.Second, 8*time.Second
-		start := func(name string, kinds bool) *Node {
-			n, err := NewNode(NodeConfig{Conn: natstest.Connect(b, s), Name: name, DisableIngress: true, DisableControl: true, Membership: &mc, Logger: discardLogger}, WithSaturationThreshold(0))
-			if err != nil {
-				b.Fatal(err)
+	for _, shape := range []string{"process", "process-nice", "in-process"} {
+		b.Run("loader="+shape, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				warmUnderCold(b, shape)
 			}
-			b.Cleanup(func() { n.Close() })
-			if kinds {
-				_ = n.Register("rec", newRecorder().factory)
-			}
-			if err := n.Start(); err != nil {
-				b.Fatal(err)
-			}
-			return n
+		})
+	}
+}
+
+const (
+	coldStorm     = 10000 // cold addresses the loader activates
+	coldCallers   = 256   // the out-of-process loader's concurrent callers
+	warmDelivered = 2000  // warm deliveries measured, idle and under the storm
+	// coldLoaderEnv carries the NATS URL to TestColdLoaderProcess.
+	coldLoaderEnv = "NATSMESH_COLD_LOADER_URL"
+)
+
+// coldMembership is the membership of both nodes of the warm-under-cold
+// benchmark: fastMembership's verification with a 1 s heartbeat and a TTL
+// no stall of the loaded machine outlasts.
+func coldMembership() MembershipConfig {
+	mc := fastMembership
+	mc.Heartbeat, mc.TTL = time.Second, 8*time.Second
+	return mc
+}
+
+func warmUnderCold(b *testing.B, shape string) {
+	b.StopTimer()
+	s := natstest.RunServer(b)
+	mc := coldMembership()
+	start := func(name string, kinds bool) *Node {
+		n, err := NewNode(NodeConfig{Conn: natstest.Connect(b, s), Name: name, DisableIngress: true, DisableControl: true, Membership: &mc, Logger: discardLogger}, WithSaturationThreshold(0))
+		if err != nil {
+			b.Fatal(err)
 		}
-		owner := start("owner", true)
+		b.Cleanup(func() { n.Close() })
+		if kinds {
+			_ = n.Register("rec", newRecorder().factory)
+		}
+		if err := n.Start(); err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+	owner := start("owner", true)
+	ctx := context.Background()
+	measure := func() []time.Duration {
+		lat := make([]time.Duration, 0, warmDelivered)
+		for j := range warmDelivered {
+			t0 := time.Now()
+			if _, err := owner.Deliver(ctx, Delivery{To: "rec/warm", Payload: []byte(fmt.Sprint(j))}); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		return lat
+	}
+	// storm starts the cold deliveries and returns a wait for their end:
+	// how many failed and how long they took.
+	var storm func() func() (failed int64, took time.Duration)
+	if shape != "in-process" {
+		storm = coldLoaderProcess(b, s.ClientURL(), shape == "process-nice")
+	} else {
 		loader := start("loader", false)
-		ctx := context.Background()
 		natstest.Eventually(b, 10*time.Second, func() bool { return len(loader.Members().Hosting("rec")) == 1 }, "loader sees the owner")
-		measure := func() []time.Duration {
-			lat := make([]time.Duration, 0, warm)
-			for j := range warm {
-				t0 := time.Now()
-				if _, err := owner.Deliver(ctx, Delivery{To: "rec/warm", Payload: []byte(fmt.Sprint(j))}); err != nil {
-					b.Fatal(err)
-				}
-				lat = append(lat, time.Since(t0))
+		storm = func() func() (int64, time.Duration) {
+			var wg sync.WaitGroup
+			var failed atomic.Int64
+			t0 := time.Now()
+			for j := range coldStorm {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if _, err := loader.Deliver(ctx, Delivery{To: subjects.Address(fmt.Sprintf("rec/cold-%d", j))}); err != nil {
+						failed.Add(1)
+					}
+				}()
 			}
-			return lat
+			return func() (int64, time.Duration) { wg.Wait(); return failed.Load(), time.Since(t0) }
 		}
-		measure() // activates rec/warm
-		b.ResetTimer()
-		idle := measure()
-		var wg sync.WaitGroup
-		var failed atomic.Int64
-		coldStart := time.Now()
-		for j := range cold {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := loader.Deliver(ctx, Delivery{To: subjects.Address(fmt.Sprintf("rec/cold-%d", j))}); err != nil {
+	}
+	measure() // activates rec/warm
+	b.StartTimer()
+	idle := measure()
+	wait := storm()
+	natstest.Eventually(b, 30*time.Second, func() bool { return owner.Host().Stats().Claiming > 0 }, "cold claims in flight")
+	loaded := measure()
+	coldDuringWarm := owner.Host().Stats().Activations - 1
+	failed, coldTook := wait()
+	b.StopTimer()
+	pct := func(lat []time.Duration, p float64) time.Duration {
+		slices.Sort(lat)
+		return lat[int(p*float64(len(lat)-1))]
+	}
+	b.ReportMetric(float64(pct(idle, 0.50).Microseconds()), "warm-idle-p50-µs")
+	b.ReportMetric(float64(pct(idle, 0.99).Microseconds()), "warm-idle-p99-µs")
+	b.ReportMetric(float64(pct(loaded, 0.50).Microseconds()), "warm-cold-p50-µs")
+	b.ReportMetric(float64(pct(loaded, 0.99).Microseconds()), "warm-cold-p99-µs")
+	b.ReportMetric(float64(coldStorm)/coldTook.Seconds(), "cold-activations/s")
+	b.Logf("warm p50/p99: idle %v/%v, under %d cold activations %v/%v (%d cold activations built when the warm run ended; cold failed %d; cold took %v)",
+		pct(idle, 0.5), pct(idle, 0.99), coldStorm, pct(loaded, 0.5), pct(loaded, 0.99), coldDuringWarm, failed, coldTook)
+	if failed > 0 {
+		b.Errorf("%d cold deliveries failed", failed)
+	}
+}
+
+// coldLoaderProcess starts TestColdLoaderProcess against url (at the
+// lowest CPU priority with nice), waits until
+// its node sees a hub of kind "rec", and returns the storm's trigger.
+func coldLoaderProcess(b *testing.B, url string, nice bool) func() func() (int64, time.Duration) {
+	args := []string{os.Args[0], "-test.run=^TestColdLoaderProcess$", "-test.count=1"}
+	if nice {
+		args = append([]string{"nice", "-n", "19"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), coldLoaderEnv+"="+url)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 4)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	next := func(prefix string) string {
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					b.Fatalf("the loader process ended before %q", prefix)
+				}
+				if rest, ok := strings.CutPrefix(l, prefix); ok {
+					return rest
+				}
+			case <-time.After(2 * time.Minute):
+				b.Fatalf("no %q from the loader process", prefix)
+			}
+		}
+	}
+	next("ready")
+	return func() func() (int64, time.Duration) {
+		if _, err := io.WriteString(stdin, "go\n"); err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		return func() (int64, time.Duration) {
+			var failed int64
+			if _, err := fmt.Sscan(next("done "), &failed); err != nil {
+				b.Fatal(err)
+			}
+			return failed, time.Since(t0)
+		}
+	}
+}
+
+// TestColdLoaderProcess is BenchmarkWarmUnderColdActivations' out-of-process
+// loader; it is skipped unless run by it. It joins the mesh at the URL in
+// NATSMESH_COLD_LOADER_URL, prints "ready" once it sees a hub of kind
+// "rec", waits for a line on stdin, delivers to coldStorm new addresses
+// from coldCallers goroutines, and prints "done <failed>".
+func TestColdLoaderProcess(t *testing.T) {
+	url := os.Getenv(coldLoaderEnv)
+	if url == "" {
+		t.Skip("run by BenchmarkWarmUnderColdActivations")
+	}
+	mc := coldMembership()
+	n, err := NewNode(NodeConfig{Conn: natstest.ConnectURL(t, url), Name: "loader", DisableIngress: true, DisableControl: true, Membership: &mc, Logger: discardLogger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, time.Minute, func() bool { return len(n.Members().Hosting("rec")) == 1 }, "loader sees the owner")
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var next, failed atomic.Int64
+	for range coldCallers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := next.Add(1) - 1; j < coldStorm; j = next.Add(1) - 1 {
+				if _, err := n.Deliver(ctx, Delivery{To: subjects.Address(fmt.Sprintf("rec/cold-%d", j))}); err != nil {
 					failed.Add(1)
 				}
-			}()
-		}
-		natstest.Eventually(b, 30*time.Second, func() bool { return owner.Host().Stats().Claiming > 0 }, "cold claims in flight")
-		loaded := measure()
-		coldDuringWarm := owner.Host().Stats().Activations
-		wg.Wait()
-		coldTook := time.Since(coldStart)
-		b.StopTimer()
-		pct := func(lat []time.Duration, p float64) time.Duration {
-			slices.Sort(lat)
-			return lat[int(p*float64(len(lat)-1))]
-		}
-		b.ReportMetric(float64(pct(idle, 0.50).Microseconds()), "warm-idle-p50-µs")
-		b.ReportMetric(float64(pct(idle, 0.99).Microseconds()), "warm-idle-p99-µs")
-		b.ReportMetric(float64(pct(loaded, 0.50).Microseconds()), "warm-cold-p50-µs")
-		b.ReportMetric(float64(pct(loaded, 0.99).Microseconds()), "warm-cold-p99-µs")
-		b.ReportMetric(float64(cold)/coldTook.Seconds(), "cold-activations/s")
-		b.Logf("warm p50/p99: idle %v/%v, under %d cold activations %v/%v (%d activations when the warm run ended; cold failed %d; cold took %v)",
-			pct(idle, 0.5), pct(idle, 0.99), cold, pct(loaded, 0.5), pct(loaded, 0.99), coldDuringWarm, failed.Load(), coldTook)
+			}
+		}()
 	}
+	wg.Wait()
+	fmt.Printf("done %d\n", failed.Load())
 }

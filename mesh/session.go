@@ -318,6 +318,17 @@ func (c *lateClaims) Claim(ctx context.Context, addr subjects.Address) (hub.Gran
 	return d.Claim(ctx, addr)
 }
 
+// TryClaim is the directory's (hub.PipelinedClaims); before it is open
+// the plain case does not apply (the host's Claim then fails resendable).
+func (c *lateClaims) TryClaim(ctx context.Context, addr subjects.Address, done func(hub.Grant, bool)) {
+	d := c.get()
+	if d == nil {
+		go done(hub.Grant{}, false)
+		return
+	}
+	d.TryClaim(ctx, addr, done)
+}
+
 func (c *lateClaims) Release(t hub.ClaimToken) {
 	if d := c.get(); d != nil {
 		d.Release(t)

@@ -173,11 +173,16 @@ type Directory struct {
 	newest                uint64       // the newest revision this node wrote a claim at, in this stream (under mu)
 	maxBytes              int          // tests: max_bytes of a batched read (0: the server's)
 
+	pipeline pipeline // pipelined claims (TryClaim, pipeline.go)
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
 }
+
+// errClosed is the pipeline's state once the directory is closed.
+var errClosed = errors.New("directory: closed")
 
 // Stats are counters of this node's directory work: the entries it
 // refused, and the reads its senders made.
@@ -514,6 +519,7 @@ func (d *Directory) Close() {
 	d.once.Do(func() {
 		d.stopEv()
 		d.cancel()
+		d.closePipeline()
 		d.wg.Wait()
 	})
 }
