@@ -424,7 +424,9 @@ func testClaimFailureRefusesParked(t *testing.T, pipelined bool) {
 // TestActivateDrainingReleasesClaim: a claim taken by a host that is found
 // draining right after claiming is released (it used to leak), on both the
 // parked path and the explicit Activate path.
-func TestActivateDrainingReleasesClaim(t *testing.T) { bothClaimPaths(t, testActivateDrainingReleasesClaim) }
+func TestActivateDrainingReleasesClaim(t *testing.T) {
+	bothClaimPaths(t, testActivateDrainingReleasesClaim)
+}
 
 func testActivateDrainingReleasesClaim(t *testing.T, pipelined bool) {
 	s := natstest.RunServer(t)
