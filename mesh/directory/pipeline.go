@@ -80,7 +80,10 @@ func (d *Directory) pipe() *pipeline {
 // use.
 func (d *Directory) TryClaim(ctx context.Context, addr subjects.Address, done func(hub.Grant, bool)) {
 	p := d.pipe()
-	if p.err != nil || d.ctx.Err() != nil {
+	// A claim whose context ended (its host closed) writes nothing: its
+	// caller's Claim fails on that context, and a create landing after
+	// it would be a claim nobody holds or releases.
+	if p.err != nil || d.ctx.Err() != nil || ctx.Err() != nil {
 		go done(hub.Grant{}, false)
 		return
 	}
