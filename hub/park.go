@@ -156,19 +156,28 @@ func (h *Host) tryClaim(pc PipelinedClaims, op *claimOp) {
 }
 
 // releaseClaimSlot hands the slot of a claim that ended to the longest
-// queued claim, or frees it.
+// queued claim, or frees it. Once the host is closing, a queued claim is
+// not started: it ends refused (resendable, nothing was claimed) and the
+// slot goes on to the next.
 func (h *Host) releaseClaimSlot(pc PipelinedClaims) {
-	h.claimQMu.Lock()
-	if len(h.claimQ) == 0 {
-		<-h.claimSem
+	for {
+		h.claimQMu.Lock()
+		if len(h.claimQ) == 0 {
+			<-h.claimSem
+			h.claimQMu.Unlock()
+			return
+		}
+		next := h.claimQ[0]
+		h.claimQ[0] = nil
+		h.claimQ = h.claimQ[1:]
 		h.claimQMu.Unlock()
+		if err := h.ctx.Err(); err != nil {
+			h.finishClaim(next, Grant{}, err, true)
+			continue
+		}
+		h.tryClaim(pc, next)
 		return
 	}
-	next := h.claimQ[0]
-	h.claimQ[0] = nil
-	h.claimQ = h.claimQ[1:]
-	h.claimQMu.Unlock()
-	h.tryClaim(pc, next)
 }
 
 // finishClaim ends op's claim, whose outcome is g and err: it activates

@@ -20,15 +20,16 @@ import (
 // (a goroutine per claim, Claims.Claim).
 type plainClaims struct{ hub.Claims }
 
-// TestHostCloseLeavesNoClaim (breaker): a host closed while cold
-// addresses' claims are queued for its claim slots leaves no claim naming
-// this node in the bucket (DESIGN §5: host Close leaves no claim held).
-// Every queued claim is refused resendable; none may be written after the
-// host closed. Pipelined, the queued claims are each handed a slot after
-// Close cancelled the host's context, and Directory.TryClaim publishes their
-// KV creates regardless of the ended context: the AfterFunc settles them
-// "not ok", the host's fallback Claim fails on the ended context, and the
-// creates land, naming this node, held by nobody, never released.
+// TestHostCloseLeavesNoClaim: a host closed while cold addresses' claims
+// are queued for its claim slots leaves no claim naming this node in the
+// bucket (DESIGN §5: host Close leaves no claim held). Every queued claim
+// is refused resendable; none may be written after the host closed. Found
+// by a review of the pipelined claims: the queued claims were each handed
+// a slot after Close cancelled the host's context, and Directory.TryClaim
+// published their KV creates regardless of the ended context, which then
+// landed naming this node, held by nobody, never released. Now a queued
+// claim of a closing host is not started (hub releaseClaimSlot), and
+// TryClaim writes nothing for an ended context.
 func TestHostCloseLeavesNoClaim(t *testing.T) {
 	t.Parallel()
 	for _, pipelined := range []bool{false, true} {
