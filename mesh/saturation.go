@@ -87,6 +87,7 @@ func (c *Client) observeInFlight(n int64) {
 	r := c.Saturation()
 	c.log.Warn("mesh sender saturated",
 		slog.Uint64("episode", r.Episode),
+		slog.Int64("threshold", th), // WithSaturationThreshold: legs in flight that open an episode
 		slog.Int("legs_in_flight", r.LegsInFlight),
 		slog.Int("max_in_flight", r.MaxInFlight),
 		slog.Int("lanes", r.Lanes),
