@@ -73,7 +73,7 @@ func (c *Client) hold(m *nats.Msg, node subjects.NodeID) {
 // learned records node's answer key from an acceptance reply and, if the
 // key is new and answers are held, dispatches again (on another goroutine:
 // the caller may hold a flight's lock) the held answers that name node.
-func (c *Client) learned(node subjects.NodeID, key string) {
+func (c *Client) learned(node subjects.NodeID, key []byte) {
 	if c.keys.learn(node, key) && c.held.n.Load() > 0 {
 		go c.release(node)
 	}
@@ -125,14 +125,20 @@ func (c *Client) takeHeld(node subjects.NodeID) []*nats.Msg {
 // answerKeys maps node generations to their answer keys. Safe for
 // concurrent use.
 type answerKeys struct {
-	mu sync.Mutex
+	mu sync.RWMutex // read-locked for the common case: the key is known
 	m  map[subjects.NodeID]string
 }
 
 // learn records node's answer key from an acceptance reply; it reports
 // whether the key is new to k.
-func (k *answerKeys) learn(node subjects.NodeID, key string) bool {
-	if key == "" {
+func (k *answerKeys) learn(node subjects.NodeID, key []byte) bool {
+	if len(key) == 0 {
+		return false
+	}
+	k.mu.RLock()
+	old, ok := k.m[node]
+	k.mu.RUnlock()
+	if ok && old == string(key) { // compared, not copied
 		return false
 	}
 	k.mu.Lock()
@@ -140,7 +146,7 @@ func (k *answerKeys) learn(node subjects.NodeID, key string) bool {
 	if k.m == nil {
 		k.m = map[subjects.NodeID]string{}
 	}
-	if old, ok := k.m[node]; ok && old == key {
+	if old, ok := k.m[node]; ok && old == string(key) { // compared, not copied
 		return false
 	}
 	if len(k.m) >= maxAnswerKeys {
@@ -149,13 +155,13 @@ func (k *answerKeys) learn(node subjects.NodeID, key string) bool {
 			break
 		}
 	}
-	k.m[node] = key
+	k.m[node] = string(key) // a copy: key may share a reply's payload
 	return true
 }
 
 func (k *answerKeys) get(node subjects.NodeID) string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
+	k.mu.RLock()
+	defer k.mu.RUnlock()
 	return k.m[node]
 }
 

@@ -64,7 +64,7 @@ func TestLateVerdictBeforeKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		natstest.Eventually(t, 5*time.Second, func() bool { return c.held.n.Load() >= 2 }, "answers held")
-		c.learned(node, key) // the acceptance reply arrives
+		c.learned(node, []byte(key)) // the acceptance reply arrives
 		natstest.Eventually(t, 5*time.Second, func() bool { return received() == round+1 }, "late verdict %s delivered", id)
 		natstest.Eventually(t, 5*time.Second, func() bool { return c.Stats().ForgedAnswers == int64(round+1) }, "forgery dropped")
 		mu.Lock()

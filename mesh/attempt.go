@@ -381,17 +381,21 @@ func (c *Client) leg(ctx context.Context, deadline time.Time, d *Delivery, f *fl
 // decodeReply reads a leg's reply: a compact Accepted (hub.HeaderAccept:
 // no headers, the answer key as payload), or the header form of any
 // verdict (verdict.Decode). It returns the accepting generation's answer
-// key ("" if the reply carries none) and nil for Accepted, or the verdict
+// key (empty if the reply carries none; it may share reply's payload:
+// read it, copy it to keep it) and nil for Accepted, or the verdict
 // error. The accepting node is the one the leg was sent to: only that
 // generation holds the delivery subject.
-func decodeReply(reply *nats.Msg) (key string, err error) {
-	if key, ok := hub.ParseCompactAccepted(len(reply.Header), reply.Data); ok {
-		return key, nil
+func decodeReply(reply *nats.Msg) (key []byte, err error) {
+	if len(reply.Header) == 0 && len(reply.Data) > 0 && reply.Data[0] == hub.CompactAccepted {
+		// hub.ParseCompactAccepted without the key's copy: the key is
+		// read (answerKeys.learn compares it with the one it knows) and
+		// copied only when it is new.
+		return reply.Data[1:], nil
 	}
 	if _, err := verdict.Decode(reply.Header); err != nil {
-		return "", err
+		return nil, err
 	}
-	return reply.Header.Get(hub.HeaderAnswerKey), nil
+	return []byte(reply.Header.Get(hub.HeaderAnswerKey)), nil
 }
 
 // legEnd is legDone, then the receiver's window grant in the reply of an

@@ -165,7 +165,7 @@ func TestLegVerdictTable(t *testing.T) {
 					if (out == legAccepted) != (r.want == "accepted") || out != legAccepted && out != legRefused {
 						t.Errorf("%s: outcome %d", name, out)
 					}
-					if out == legAccepted && key != "k" {
+					if out == legAccepted && string(key) != "k" {
 						t.Errorf("%s: answer key %q, want k", name, key)
 					}
 				}

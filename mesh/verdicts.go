@@ -187,22 +187,22 @@ type legFacts struct {
 //
 // It decides nothing else and changes nothing (legDone applies the
 // outcome).
-func legVerdict(fx legFacts) (out legOutcome, key string, err error) {
+func legVerdict(fx legFacts) (out legOutcome, key []byte, err error) {
 	switch {
 	case fx.err == nil:
 		key, err = decodeReply(fx.reply)
 		if err != nil {
-			return legRefused, "", err
+			return legRefused, nil, err
 		}
 		return legAccepted, key, nil
 	case fx.answered:
-		return legAnswered, "", nil
+		return legAnswered, nil, nil
 	case fx.event != nil && !fx.timedOut:
-		return legEvent, "", fx.event
+		return legEvent, nil, fx.event
 	case fx.published && timedOut(fx.err):
-		return legTimedOut, "", fx.err
+		return legTimedOut, nil, fx.err
 	}
-	return legNotHeld, "", fx.err
+	return legNotHeld, nil, fx.err
 }
 
 // responseOutcome is what an awaited response's verdict decided.
